@@ -1,0 +1,62 @@
+"""aiogroupq: an asyncio task queue on Redis with group-serial execution.
+
+Tasks sharing a group key run one at a time, in enqueue order, across every
+coroutine, process and machine; everything else runs in parallel.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from .consumer import Consumer as Consumer, ConsumerStats as ConsumerStats
+from .errors import (
+    AiogroupqError as AiogroupqError,
+    ConfigurationError as ConfigurationError,
+    InvalidGroupError as InvalidGroupError,
+    InvalidTaskError as InvalidTaskError,
+    LeaseLostError as LeaseLostError,
+    PayloadTooLargeError as PayloadTooLargeError,
+    Retry as Retry,
+    TaskNotFoundError as TaskNotFoundError,
+    UnencodablePayloadError as UnencodablePayloadError,
+    UnknownTaskTypeError as UnknownTaskTypeError,
+)
+from .producer import DeadLetter as DeadLetter, Producer as Producer
+from .task import (
+    Task as Task,
+    TaskInfo as TaskInfo,
+    TaskState as TaskState,
+    current_task as current_task,
+)
+
+__version__ = "0.1.0"
+
+__all__ = (
+    "AiogroupqError",
+    "ConfigurationError",
+    "Consumer",
+    "ConsumerStats",
+    "DeadLetter",
+    "InvalidGroupError",
+    "InvalidTaskError",
+    "LeaseLostError",
+    "PayloadTooLargeError",
+    "Producer",
+    "Retry",
+    "Task",
+    "TaskInfo",
+    "TaskNotFoundError",
+    "TaskState",
+    "UnencodablePayloadError",
+    "UnknownTaskTypeError",
+    "current_task",
+)
+
+# Tracebacks and docs show the public path, not the private module.
+for _name in __all__:
+    _obj = globals()[_name]
+    if getattr(_obj, "__module__", "").startswith("aiogroupq."):
+        _obj.__module__ = __name__
+del _name, _obj
+
+logging.getLogger(__name__).addHandler(logging.NullHandler())

@@ -1,0 +1,82 @@
+--[[ finish.lua: apply a batch of attempt outcomes, each fenced by its token.
+  KEYS[1..6]  the common keys (see _lib.lua)
+  ARGV[1]     key prefix
+  ARGV[2]     retention of succeeded tasks in ms (0: forget them at once)
+  ARGV[3]     n, the number of outcomes; then 5 arguments per outcome:
+    id, token  the task and the fencing token its claim handed out
+    kind       "ok"     succeeded
+               "retry"  run again after arg1 ms (counts as an attempt); arg2 is
+                        the error that caused it. A grouped task keeps its
+                        group: no later task of the group starts before it.
+               "dead"   dead-letter with reason arg1 and traceback arg2
+               "back"   hand back unfinished (shutdown): front of its group,
+                        the attempt not counted
+    arg1, arg2 as above ("" where unused)
+  returns  one code per outcome: 1 applied, 2 already applied by an earlier
+           call with this token (a re-sent batch), 0 refused: the lease was
+           lost (the token no longer owns the task) and nothing was changed.
+]]
+local retention, n = tonumber(ARGV[2]), tonumber(ARGV[3])
+if not retention or not n or #ARGV ~= 3 + 5 * n then
+  return redis.error_reply('ERR aiogroupq finish: malformed arguments')
+end
+for i = 0, n - 1 do
+  local kind = ARGV[4 + 5 * i + 2]
+  if kind == 'retry' and not tonumber(ARGV[4 + 5 * i + 3]) then
+    return redis.error_reply('ERR aiogroupq finish: malformed retry delay')
+  elseif kind ~= 'ok' and kind ~= 'retry' and kind ~= 'dead' and kind ~= 'back' then
+    return redis.error_reply('ERR aiogroupq finish: unknown outcome ' .. tostring(kind))
+  end
+end
+
+local now = now_ms()
+local codes, readied, delayed_earlier = {}, 0, false
+for i = 0, n - 1 do
+  local b = 4 + 5 * i
+  local id, token, kind, arg1, arg2 = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4]
+  local key = k_task(id)
+  local f = redis.call('HMGET', key, 'k', 's', 'g', 'c', 'f')
+  if f[1] == token and f[2] == 'running' then
+    local g = f[3]
+    drop_lease(id, f[4])
+    redis.call('HSET', key, 'f', token)
+    redis.call('HDEL', key, 'c')
+    if kind == 'ok' then
+      if release(g) then readied = readied + 1 end
+      if retention > 0 then
+        redis.call('HSET', key, 's', 'succeeded', 'ft', now)
+        redis.call('HDEL', key, 'e')
+        redis.call('PEXPIRE', key, retention)
+      else
+        redis.call('DEL', key)
+      end
+    elseif kind == 'retry' then
+      local delay = tonumber(arg1)
+      redis.call('HSET', key, 'x', arg2)
+      if delay <= 0 then
+        requeue_front(id, g)
+        readied = readied + 1
+      else
+        if g then redis.call('SET', k_lock(g), '@' .. id) end
+        local first = redis.call('ZRANGE', K_DELAYED, 0, 0, 'WITHSCORES')
+        if not first[2] or now + delay < tonumber(first[2]) then delayed_earlier = true end
+        redis.call('ZADD', K_DELAYED, now + delay, id)
+        redis.call('HSET', key, 's', 'delayed')
+      end
+    elseif kind == 'dead' then
+      if bury(id, g, now, arg1, arg2) then readied = readied + 1 end
+    else -- back
+      redis.call('HINCRBY', key, 'a', -1)
+      requeue_front(id, g)
+      readied = readied + 1
+    end
+    codes[#codes + 1] = 1
+  elseif f[5] == token then
+    codes[#codes + 1] = 2
+  else
+    codes[#codes + 1] = 0
+  end
+end
+if delayed_earlier and readied == 0 then readied = 1 end
+if readied > 0 then wake(readied) end
+return codes

@@ -1,0 +1,189 @@
+"""The Lua scripts, run with EVALSHA; the only place that reads their replies.
+
+Each ``_lua/<name>.lua`` is prefixed with ``_lua/_lib.lua`` and read once at
+import. The SHA is computed locally, so the hot path is a single EVALSHA; a
+``NOSCRIPT`` reply (``SCRIPT FLUSH``, a restart, a failover) costs one
+``SCRIPT LOAD`` and one retry, which is always safe because the script did not
+run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib.resources import files
+from typing import TYPE_CHECKING, Any, Final
+
+from redis.exceptions import NoScriptError
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+    from redis.typing import EncodableT
+
+    from ._keys import QueueKeys
+
+
+def _read(name: str) -> bytes:
+    return files("aiogroupq").joinpath("_lua", name).read_bytes()
+
+
+_LIB: Final = _read("_lib.lua")
+
+
+class Script:
+    """A ``_lua/<name>.lua`` file (after the shared library) run with EVALSHA."""
+
+    __slots__ = ("name", "sha", "source")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.source = _LIB + b"\n" + _read(f"{name}.lua")
+        self.sha = hashlib.sha1(self.source).hexdigest()
+
+    async def __call__(
+        self,
+        client: Redis,
+        keys: QueueKeys,
+        extra_keys: Sequence[str],
+        args: Sequence[EncodableT],
+    ) -> Any:
+        all_keys = (
+            keys.ready,
+            keys.delayed,
+            keys.leases,
+            keys.wake,
+            keys.fence,
+            keys.dead,
+            *extra_keys,
+        )
+        argv = (keys.prefix, *args)
+        try:
+            return await client.evalsha(self.sha, len(all_keys), *all_keys, *argv)
+        except NoScriptError:
+            await client.script_load(self.source)
+            return await client.evalsha(self.sha, len(all_keys), *all_keys, *argv)
+
+
+ENQUEUE: Final = Script("enqueue")
+CLAIM: Final = Script("claim")
+FINISH: Final = Script("finish")
+HEARTBEAT: Final = Script("heartbeat")
+
+ALL_SCRIPTS: Final = (ENQUEUE, CLAIM, FINISH, HEARTBEAT)
+
+
+@dataclass(frozen=True, slots=True)
+class NewTask:
+    """One task as ``enqueue.lua`` takes it."""
+
+    id: str
+    group: str | None
+    envelope: bytes
+    delay_ms: int
+    max_attempts: int
+    dedup_key: str | None
+
+
+async def enqueue(
+    client: Redis,
+    keys: QueueKeys,
+    tasks: Sequence[NewTask],
+    *,
+    dedup_window_ms: int,
+) -> list[str]:
+    """Add *tasks* in one atomic call; return each task's id (a deduplicated
+    task's is the id of the task that first used its key)."""
+    args: list[EncodableT] = [dedup_window_ms, len(tasks)]
+    for t in tasks:
+        args += (
+            t.id,
+            t.group or "",
+            t.envelope,
+            t.delay_ms,
+            t.max_attempts,
+            t.dedup_key or "",
+        )
+    return [task_id.decode() for task_id in await ENQUEUE(client, keys, (), args)]
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """A task the claim handed to us."""
+
+    id: str
+    envelope: bytes
+    attempt: int
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimReply:
+    """What ``claim.lua`` returned."""
+
+    tasks: list[Claimed]
+    wait_ms: int  # until the next delayed task is due; -1 when there is none
+    more: bool  # runnable entries are left in the ready list
+
+
+async def claim(
+    client: Redis,
+    keys: QueueKeys,
+    consumer: str,
+    *,
+    k: int,
+    lease_ms: int,
+    scan_limit: int,
+    promote_limit: int = 1000,
+    recover_limit: int = 100,
+) -> ClaimReply:
+    """Recover, promote, then claim up to *k* tasks for *consumer*."""
+    reply = await CLAIM(
+        client,
+        keys,
+        (keys.inflight(consumer),),
+        (consumer, k, lease_ms, scan_limit, promote_limit, recover_limit),
+    )
+    tasks = [
+        Claimed(
+            reply[i].decode(), reply[i + 1], int(reply[i + 2]), int(reply[i + 3])
+        )
+        for i in range(2, len(reply), 4)
+    ]
+    return ClaimReply(tasks, int(reply[0]), reply[1] == 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """One attempt's result for ``finish.lua``."""
+
+    id: str
+    token: int
+    kind: str  # "ok" | "retry" | "dead" | "back"
+    arg1: str | int = ""
+    arg2: str = ""
+
+
+APPLIED: Final = 1
+DUPLICATE: Final = 2
+LEASE_LOST: Final = 0
+
+
+async def finish(
+    client: Redis, keys: QueueKeys, outcomes: Sequence[Outcome], *, retention_ms: int
+) -> list[int]:
+    """Apply *outcomes*; return one of APPLIED, DUPLICATE, LEASE_LOST for each."""
+    args: list[EncodableT] = [retention_ms, len(outcomes)]
+    for o in outcomes:
+        args += (o.id, o.token, o.kind, o.arg1, o.arg2)
+    return [int(code) for code in await FINISH(client, keys, (), args)]
+
+
+async def heartbeat(
+    client: Redis, keys: QueueKeys, leases: Sequence[tuple[str, int]], *, lease_ms: int
+) -> list[bool]:
+    """Extend *leases* (task id, token); return False for each one lost."""
+    args: list[EncodableT] = [lease_ms]
+    for task_id, token in leases:
+        args += (task_id, token)
+    return [code == 1 for code in await HEARTBEAT(client, keys, (), args)]

@@ -1,0 +1,75 @@
+"""Checks a task's parameters before any I/O; each failure is a typed error."""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+from typing import Final
+
+from .errors import InvalidGroupError, InvalidTaskError
+
+#: longest group key, task type and dedup key, in UTF-8 bytes
+MAX_NAME_BYTES: Final = 256
+
+
+def name(field: str, value: object) -> str:
+    """A task type or dedup key: a non-empty string of at most 256 bytes."""
+    if not isinstance(value, str):
+        raise InvalidTaskError(field, f"expected a str, got {type(value).__name__}")
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if size == 0 or size > MAX_NAME_BYTES:
+        raise InvalidTaskError(
+            field, f"{value[:40]!r} must be 1 to {MAX_NAME_BYTES} bytes of UTF-8"
+        )
+    return value
+
+
+def group(value: object) -> str | None:
+    """A group key: None, or a non-empty string of at most 256 bytes."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidGroupError(value, f"is a {type(value).__name__}, not a str")
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidGroupError(value, "is not valid UTF-8") from None
+    if size == 0:
+        raise InvalidGroupError(value, "is empty; pass group=None for no group")
+    if size > MAX_NAME_BYTES:
+        raise InvalidGroupError(
+            value[:40] + "...", f"is {size} bytes; the limit is {MAX_NAME_BYTES}"
+        )
+    return value
+
+
+def seconds(field: str, value: object, *, allow_zero: bool) -> float | None:
+    """A duration given as seconds (int/float) or a timedelta; None passes."""
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidTaskError(
+            field,
+            f"expected seconds (float) or a timedelta, got {type(value).__name__}",
+        )
+    value = float(value)
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise InvalidTaskError(field, f"{value!r} must be finite and {bound} seconds")
+    return value
+
+
+def max_attempts(value: object) -> int | None:
+    """None (the default), or an int >= 1."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidTaskError("max_attempts", f"{value!r} must be an int >= 1")
+    return value
+
+
+def to_ms(value: float) -> int:
+    """Seconds to whole milliseconds, rounded up so nothing runs early."""
+    return math.ceil(value * 1000)

@@ -1,0 +1,396 @@
+"""The consuming side: claim tasks and run their handlers in the background."""
+
+from __future__ import annotations
+
+__all__ = ("Consumer", "ConsumerStats")
+
+import logging
+import os
+import secrets
+import socket
+from collections.abc import AsyncGenerator, Generator, Mapping
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Final, Self
+
+import anyio
+from anyio.abc import TaskStatus
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from . import _scripts
+from ._connection import RedisLike, open_client, socket_timeout
+from ._finisher import Finisher
+from ._handlers import Handler, build_routes
+from ._keys import QueueKeys
+from ._runner import Running, RetryPolicy, run_task
+from .errors import ConfigurationError
+
+logger = logging.getLogger(__name__)
+
+#: longest a fetcher blocks on the wake list before it claims anyway
+MAX_BLOCK: Final = 1.0
+#: most tasks one claim call takes
+DEFAULT_CLAIM_BATCH: Final = 32
+#: Redis errors after which the fetcher backs off and tries again
+_BACKOFF_FIRST, _BACKOFF_MAX = 0.05, 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerStats:
+    """Counters of one consumer since it started (see :attr:`Consumer.stats`)."""
+
+    claimed: int
+    succeeded: int
+    retried: int
+    dead: int
+    handed_back: int
+    lease_lost: int
+    running: int
+
+
+def _seconds(name: str, value: float | timedelta, *, minimum: float = 0.0) -> float:
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (
+        minimum <= value < 10**9
+    ):
+        raise ConfigurationError(
+            f"{name} must be a number of seconds >= {minimum}, got {value!r}"
+        )
+    return float(value)
+
+
+class Consumer(anyio.AsyncContextManagerMixin):
+    """Runs handlers in the background while its ``async with`` block is open.
+
+    Entering starts claiming (claims are live when the block begins). Leaving
+    stops claiming, gives running handlers ``grace_period`` seconds, cancels
+    what is still running and hands every unfinished task back to the front of
+    its group, without counting the attempt.
+
+    :param redis: a ``redis://`` URL, or a ``redis.asyncio.Redis`` client to
+        borrow (never closed by us; must have ``decode_responses=False``)
+    :param queue: the queue name
+    :param handlers: task type -> ``async def handler(payload)``. An annotated
+        payload parameter gets the payload decoded into that type (msgspec
+        Struct, dataclass, TypedDict, builtins); unannotated gets builtins
+    :param concurrency: handlers running at once in this consumer
+    :param lease_ttl: seconds a silent consumer keeps its tasks and groups;
+        heartbeats renew it every third of that while handlers run
+    :param name: the consumer's identity in Redis (default: host, pid and a
+        random suffix)
+    :param grace_period: seconds running handlers get to finish on exit
+    :param retention: seconds a succeeded task's state stays readable
+    :param retry_backoff: seconds before the first retry of a failed task
+        (doubling per attempt, with jitter)
+    :param retry_backoff_max: cap of the retry delay in seconds
+    :param claim_batch: most tasks claimed per round trip
+    :raises ConfigurationError: if an argument is unusable
+    """
+
+    def __init__(
+        self,
+        redis: RedisLike,
+        *,
+        queue: str,
+        handlers: Mapping[str, Handler],
+        concurrency: int = 64,
+        lease_ttl: float | timedelta = 30.0,
+        name: str | None = None,
+        grace_period: float | timedelta = 30.0,
+        retention: float | timedelta = 3600.0,
+        retry_backoff: float | timedelta = 1.0,
+        retry_backoff_max: float | timedelta = 300.0,
+        claim_batch: int = DEFAULT_CLAIM_BATCH,
+    ) -> None:
+        self._keys = QueueKeys(queue)
+        self._routes = build_routes(handlers)
+        for label, value in (("concurrency", concurrency), ("claim_batch", claim_batch)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigurationError(f"{label} must be an int >= 1, got {value!r}")
+        if not isinstance(redis, str | Redis):
+            raise ConfigurationError(
+                f"expected a redis:// URL or a redis.asyncio.Redis client, got {redis!r}"
+            )
+        if name is not None and (
+            not isinstance(name, str) or not name or len(name) > 200
+        ):
+            raise ConfigurationError(f"name must be 1-200 characters, got {name!r}")
+        self._redis = redis
+        self._concurrency = concurrency
+        self._claim_batch = claim_batch
+        self._lease_ttl = _seconds("lease_ttl", lease_ttl, minimum=0.1)
+        self._grace_period = _seconds("grace_period", grace_period)
+        self._retention_ms = round(_seconds("retention", retention) * 1000)
+        self._policy = RetryPolicy(
+            _seconds("retry_backoff", retry_backoff),
+            _seconds("retry_backoff_max", retry_backoff_max),
+        )
+        self.name: str = name or (
+            f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        )
+        self._running: dict[str, Running] = {}
+        self._free = concurrency
+        self._free_changed = anyio.Event()
+        self._stopping = False
+        self._block_scope: anyio.CancelScope | None = None
+        self._counts = dict.fromkeys(
+            ("claimed", "succeeded", "retried", "dead", "handed_back", "lease_lost"), 0
+        )
+
+    @property
+    def queue(self) -> str:
+        """The queue this consumer claims from."""
+        return self._keys.queue
+
+    @property
+    def stats(self) -> ConsumerStats:
+        """A snapshot of this consumer's counters."""
+        return ConsumerStats(**self._counts, running=len(self._running))
+
+    # -- lifecycle ---------------------------------------------------------
+
+    @asynccontextmanager
+    async def __asynccontextmanager__(self) -> AsyncGenerator[Self]:
+        async with open_client(self._redis, retry=False) as client:
+            finisher = Finisher(
+                client,
+                self._keys,
+                retention_ms=self._retention_ms,
+                on_done=self._recorded,
+            )
+            send, receive = anyio.create_memory_object_stream[Running](
+                self._concurrency
+            )
+            with _collapse_excgroups():
+                async with anyio.create_task_group() as outer:
+                    outer.start_soon(finisher.run)
+                    outer.start_soon(self._heartbeat_loop, client)
+                    async with anyio.create_task_group() as inner:
+                        await inner.start(self._fetch_loop, client, send)
+                        for _ in range(self._concurrency):
+                            inner.start_soon(
+                                self._work_loop, receive.clone(), finisher
+                            )
+                        try:
+                            yield self
+                        finally:
+                            self._stop_claiming()
+                            inner.cancel_scope.deadline = (
+                                anyio.current_time() + self._grace_period
+                            )
+                    with anyio.CancelScope(shield=True):
+                        # Claimed but never started: back to the front, in order.
+                        for running in _drain(receive):
+                            self._hand_back(running, finisher)
+                        left = await finisher.close(timeout=10.0)
+                        if left:
+                            logger.warning(
+                                "%d outcomes could not be recorded; their tasks "
+                                "will be recovered when their leases expire",
+                                left,
+                            )
+                    outer.cancel_scope.cancel()
+            logger.info("consumer %s stopped: %s", self.name, self.stats)
+
+    def _stop_claiming(self) -> None:
+        self._stopping = True
+        if self._block_scope is not None:
+            self._block_scope.cancel()
+        self._free_changed.set()
+
+    # -- claiming ----------------------------------------------------------
+
+    async def _fetch_loop(
+        self,
+        client: Redis,
+        send: MemoryObjectSendStream[Running],
+        *,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        block_cap = MAX_BLOCK
+        if (limit := socket_timeout(client)) is not None:
+            # A blocking pop longer than the socket timeout would be cut off.
+            block_cap = max(0.05, min(MAX_BLOCK, limit - 0.5, limit / 2))
+        lease_ms = round(self._lease_ttl * 1000)
+        backoff = _BACKOFF_FIRST
+        logger.info("consumer %s claiming from queue %r", self.name, self.queue)
+        task_status.started()
+        async with send:
+            while not self._stopping:
+                if self._free == 0:
+                    self._free_changed = anyio.Event()
+                    await self._free_changed.wait()
+                    continue
+                k = min(self._free, self._claim_batch)
+                sent_at = anyio.current_time()
+                try:
+                    reply = await _scripts.claim(
+                        client,
+                        self._keys,
+                        self.name,
+                        k=k,
+                        lease_ms=lease_ms,
+                        scan_limit=k + 64,
+                    )
+                except (RedisError, OSError) as exc:
+                    logger.warning(
+                        "claim failed (%s); retrying in %.2fs", exc, backoff
+                    )
+                    await self._block(None, backoff)
+                    backoff = min(backoff * 2, _BACKOFF_MAX)
+                    continue
+                backoff = _BACKOFF_FIRST
+                deadline = sent_at + self._local_lease()
+                for claimed in reply.tasks:
+                    running = Running(claimed)
+                    running.lease_scope.deadline = deadline
+                    self._running[claimed.id] = running
+                    self._free -= 1
+                    send.send_nowait(running)
+                self._counts["claimed"] += len(reply.tasks)
+                if len(reply.tasks) == k or reply.more:
+                    continue
+                timeout = block_cap
+                if 0 <= reply.wait_ms < block_cap * 1000:
+                    timeout = reply.wait_ms / 1000
+                await self._block(client, timeout)
+
+    async def _block(self, client: Redis | None, timeout: float) -> None:
+        """Wait up to *timeout* for a wake token (or just sleep without client).
+
+        The server ends blocking pops on its cron tick (10 per second by
+        default), too coarse for delayed tasks, so a local timer pushes a token
+        at the precise due time; the pop itself keeps its full timeout.
+        """
+        with anyio.CancelScope() as scope:
+            self._block_scope = scope
+            if self._stopping:
+                scope.cancel()
+            if client is None:
+                await anyio.sleep(timeout)
+                return
+            async with anyio.create_task_group() as tg:
+                if timeout < MAX_BLOCK:
+                    tg.start_soon(self._poke, client, timeout)
+                try:
+                    await client.blpop([self._keys.wake], timeout=max(timeout, 0.01) + 0.1)
+                except (RedisError, OSError) as exc:
+                    logger.warning("waiting for work failed (%s)", exc)
+                    await anyio.sleep(_BACKOFF_FIRST)
+                tg.cancel_scope.cancel()
+        self._block_scope = None
+
+    async def _poke(self, client: Redis, delay: float) -> None:
+        await anyio.sleep(delay)
+        try:
+            await client.rpush(self._keys.wake, "1")
+        except (RedisError, OSError):
+            pass  # the pop's own timeout wakes us a little later
+
+    def _local_lease(self) -> float:
+        # Stop a little before the server would recover the task.
+        return self._lease_ttl - min(1.0, self._lease_ttl * 0.1)
+
+    # -- running -----------------------------------------------------------
+
+    async def _work_loop(
+        self, receive: MemoryObjectReceiveStream[Running], finisher: Finisher
+    ) -> None:
+        async with receive:
+            async for running in receive:
+                if self._stopping:
+                    self._hand_back(running, finisher)
+                    continue
+                try:
+                    await run_task(running, self._routes, self._policy, finisher.submit)
+                finally:
+                    if running.lost:
+                        self._forget(running.claimed.id)
+                        self._counts["lease_lost"] += 1
+                    self._free += 1
+                    self._free_changed.set()
+
+    def _hand_back(self, running: Running, finisher: Finisher) -> None:
+        claimed = running.claimed
+        finisher.submit(_scripts.Outcome(claimed.id, claimed.token, "back"))
+
+    def _forget(self, task_id: str) -> None:
+        self._running.pop(task_id, None)
+
+    def _recorded(self, outcome: _scripts.Outcome, code: int) -> None:
+        self._forget(outcome.id)
+        if code == _scripts.LEASE_LOST:
+            self._counts["lease_lost"] += 1
+            logger.warning(
+                "outcome %r of task %s refused: its lease was lost",
+                outcome.kind,
+                outcome.id,
+                extra={"task_id": outcome.id},
+            )
+            return
+        key = {
+            "ok": "succeeded",
+            "retry": "retried",
+            "dead": "dead",
+            "back": "handed_back",
+        }[outcome.kind]
+        self._counts[key] += 1
+
+    # -- leases ------------------------------------------------------------
+
+    async def _heartbeat_loop(self, client: Redis) -> None:
+        interval = self._lease_ttl / 3
+        lease_ms = round(self._lease_ttl * 1000)
+        while True:
+            await anyio.sleep(interval)
+            snapshot = list(self._running.values())
+            if not snapshot:
+                continue
+            sent_at = anyio.current_time()
+            try:
+                alive = await _scripts.heartbeat(
+                    client,
+                    self._keys,
+                    [(r.claimed.id, r.claimed.token) for r in snapshot],
+                    lease_ms=lease_ms,
+                )
+            except (RedisError, OSError) as exc:
+                # Each handler stops by itself at its local lease deadline.
+                logger.warning("heartbeat failed (%s)", exc)
+                continue
+            deadline = sent_at + self._local_lease()
+            for running, ok in zip(snapshot, alive, strict=True):
+                if self._running.get(running.claimed.id) is not running:
+                    continue  # finished while the heartbeat was in flight
+                if ok:
+                    running.lease_scope.deadline = deadline
+                else:
+                    running.lost = True
+                    running.lease_scope.cancel()
+
+
+def _drain(receive: MemoryObjectReceiveStream[Running]) -> list[Running]:
+    items = []
+    while True:
+        try:
+            items.append(receive.receive_nowait())
+        except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+            return items
+
+
+@contextmanager
+def _collapse_excgroups() -> Generator[None]:
+    """Surface a lone exception from a task group as itself (starlette's way)."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        exc: BaseException = group
+        while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+            exc = exc.exceptions[0]
+        if exc is group:
+            raise
+        raise exc from None

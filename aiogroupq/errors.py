@@ -1,0 +1,133 @@
+"""Exceptions raised by aiogroupq.
+
+The hierarchy::
+
+    AiogroupqError
+    ├── ConfigurationError          a Producer/Consumer argument or client is unusable
+    ├── InvalidTaskError            a task is refused before anything is written
+    │   ├── InvalidGroupError       empty, too long or not a string
+    │   ├── PayloadTooLargeError    encoded payload over the producer's limit
+    │   ├── UnencodablePayloadError MessagePack cannot encode the payload
+    │   └── UnknownTaskTypeError    not among the producer's declared task types
+    ├── TaskNotFoundError           no task with that id (or it expired)
+    └── LeaseLostError              our fencing token no longer owns the task
+
+:class:`Retry` is not an error: a handler raises it to ask for another attempt.
+"""
+
+from __future__ import annotations
+
+__all__ = (
+    "AiogroupqError",
+    "ConfigurationError",
+    "InvalidGroupError",
+    "InvalidTaskError",
+    "LeaseLostError",
+    "PayloadTooLargeError",
+    "Retry",
+    "TaskNotFoundError",
+    "UnencodablePayloadError",
+    "UnknownTaskTypeError",
+)
+
+from datetime import timedelta
+
+
+class AiogroupqError(Exception):
+    """Base class of every error aiogroupq raises."""
+
+
+class ConfigurationError(AiogroupqError, ValueError):
+    """A constructor argument, or a borrowed Redis client, cannot be used."""
+
+
+class InvalidTaskError(AiogroupqError, ValueError):
+    """A task was refused before any I/O: nothing was written to Redis.
+
+    :ivar field: the offending parameter (``"group"``, ``"delay"``, …)
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"invalid {field}: {message}")
+        self.field = field
+
+
+class InvalidGroupError(InvalidTaskError):
+    """The group key is not a non-empty string of at most the documented size."""
+
+    def __init__(self, group: object, reason: str) -> None:
+        super().__init__("group", f"{group!r} {reason}")
+        self.group = group
+
+
+class PayloadTooLargeError(InvalidTaskError):
+    """The encoded payload is larger than the producer's ``max_payload_bytes``."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(
+            "payload",
+            f"encoded size {size} bytes exceeds the limit of {limit} bytes "
+            "(raise Producer(max_payload_bytes=...) or store the data elsewhere "
+            "and enqueue a reference)",
+        )
+        self.size = size
+        self.limit = limit
+
+
+class UnencodablePayloadError(InvalidTaskError):
+    """MessagePack cannot encode the payload (e.g. an arbitrary object)."""
+
+    def __init__(self, payload: object, reason: str) -> None:
+        super().__init__(
+            "payload",
+            f"cannot encode a {type(payload).__name__} as MessagePack: {reason}",
+        )
+
+
+class UnknownTaskTypeError(InvalidTaskError):
+    """The task type is not among those the producer was told about."""
+
+    def __init__(self, task_type: str, known: frozenset[str]) -> None:
+        super().__init__(
+            "task_type",
+            f"{task_type!r} is not one of the declared task types {sorted(known)!r}",
+        )
+        self.task_type = task_type
+
+
+class TaskNotFoundError(AiogroupqError, LookupError):
+    """No task with this id exists in the queue (never enqueued, or expired)."""
+
+    def __init__(self, task_id: str) -> None:
+        super().__init__(f"no task {task_id!r} in this queue (unknown or expired)")
+        self.task_id = task_id
+
+
+class LeaseLostError(AiogroupqError):
+    """The task's lease passed to another claim: our acknowledgement was refused."""
+
+    def __init__(self, task_id: str) -> None:
+        super().__init__(
+            f"lease on task {task_id!r} was lost (expired or taken over); "
+            "its result was not recorded"
+        )
+        self.task_id = task_id
+
+
+class Retry(Exception):  # noqa: N818 - a control-flow signal, like anyio's WouldBlock
+    """Raised by a handler to ask for another attempt after *delay* seconds.
+
+    The attempt counts towards ``max_attempts``. For a grouped task the group
+    stays held until the retry runs, so no later task of the group overtakes it.
+
+    :param delay: seconds (or a :class:`~datetime.timedelta`) before the next
+        attempt; ``None`` uses the consumer's backoff policy
+    """
+
+    def __init__(self, delay: float | timedelta | None = None) -> None:
+        if isinstance(delay, timedelta):
+            delay = delay.total_seconds()
+        if delay is not None and not delay >= 0:
+            raise ValueError(f"Retry delay must be >= 0 seconds, got {delay!r}")
+        super().__init__(delay)
+        self.delay: float | None = delay

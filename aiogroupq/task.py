@@ -1,0 +1,147 @@
+"""Tasks as users write them (:class:`Task`), see them (:class:`TaskState`,
+:class:`TaskInfo`) and as Redis stores them (:class:`Envelope`)."""
+
+from __future__ import annotations
+
+__all__ = ("Task", "TaskInfo", "TaskState", "current_task")
+
+import contextvars
+import enum
+import random
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Final
+
+import msgspec
+
+
+class TaskState(str, enum.Enum):
+    """Where a task is in its life. The last three are terminal."""
+
+    #: waiting to run: in the ready list or behind a busy group
+    QUEUED = "queued"
+    #: waiting for its due time (a delayed task, or a retry's backoff)
+    DELAYED = "delayed"
+    #: claimed by a consumer whose handler is running it
+    RUNNING = "running"
+    #: the handler returned
+    SUCCEEDED = "succeeded"
+    #: dead-lettered: bad input, or failed on its last attempt
+    DEAD = "dead"
+    #: cancelled before it completed
+    CANCELLED = "cancelled"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Task:
+    """One task for :meth:`Producer.enqueue_many`: the same fields as ``enqueue``.
+
+    :param task_type: routes the task to a consumer's handler
+    :param payload: any MessagePack-encodable value (builtins, msgspec Structs,
+        dataclasses, …)
+    :param group: tasks sharing a group run one at a time, in enqueue order
+    :param delay: seconds (or a timedelta) before the task may start
+    :param dedup_key: a second enqueue with this key within the window returns the
+        first task's id
+    :param max_attempts: attempts before the task is dead-lettered (default 3)
+    :param timeout: seconds a single attempt may run
+    """
+
+    task_type: str
+    payload: Any = None
+    group: str | None = None
+    delay: float | timedelta | None = None
+    dedup_key: str | None = None
+    max_attempts: int | None = None
+    timeout: float | timedelta | None = None
+
+    def __init__(  # positional task_type and payload, like enqueue()
+        self,
+        task_type: str,
+        payload: Any = None,
+        *,
+        group: str | None = None,
+        delay: float | timedelta | None = None,
+        dedup_key: str | None = None,
+        max_attempts: int | None = None,
+        timeout: float | timedelta | None = None,
+    ) -> None:
+        object.__setattr__(self, "task_type", task_type)
+        object.__setattr__(self, "payload", payload)
+        object.__setattr__(self, "group", group)
+        object.__setattr__(self, "delay", delay)
+        object.__setattr__(self, "dedup_key", dedup_key)
+        object.__setattr__(self, "max_attempts", max_attempts)
+        object.__setattr__(self, "timeout", timeout)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskInfo:
+    """What a handler can learn about the task it runs (see :func:`current_task`).
+
+    :ivar id: the task id ``enqueue`` returned
+    :ivar type: the task type
+    :ivar group: the group key, or ``None``
+    :ivar attempt: 1 on the first run, 2 on the first retry, …
+    :ivar max_attempts: attempts allowed before dead-lettering
+    :ivar fencing_token: increases with every claim of the queue; pass it to
+        external systems to refuse writes from a consumer that lost its lease
+    :ivar enqueued_at: producer's wall clock at enqueue (Unix seconds)
+    """
+
+    id: str
+    type: str
+    group: str | None
+    attempt: int
+    max_attempts: int
+    fencing_token: int
+    enqueued_at: float
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+
+_current: Final[contextvars.ContextVar[TaskInfo]] = contextvars.ContextVar(
+    "aiogroupq_current_task"
+)
+
+
+def current_task() -> TaskInfo:
+    """Return the metadata of the task whose handler is running in this context.
+
+    :raises RuntimeError: when called outside a handler
+    """
+    try:
+        return _current.get()
+    except LookupError:
+        raise RuntimeError(
+            "aiogroupq.current_task() was called outside a task handler"
+        ) from None
+
+
+class Envelope(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """One task as stored in Redis: MessagePack, positional.
+
+    Append-only schema: never reorder or remove a field; a new field goes last and
+    has a default, so old and new consumers read each other's tasks.
+    """
+
+    id: str
+    type: str
+    payload: msgspec.Raw  # still encoded: decoded into the handler's declared type
+    group: str | None = None
+    max_attempts: int = 3
+    timeout_ms: int | None = None
+    enqueued_ms: int = 0
+
+
+def new_task_id() -> str:
+    """A 28-character hex id: milliseconds since the epoch, then 64 random bits.
+
+    Ids sort by creation time (to the millisecond) and are made client-side, so a
+    re-sent enqueue finds its own task instead of creating a second one. The
+    module-level generator is reseeded in forked children, so processes differ.
+    """
+    return f"{time.time_ns() // 1_000_000:012x}{random.getrandbits(64):016x}"
