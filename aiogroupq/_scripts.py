@@ -145,9 +145,7 @@ async def claim(
         (consumer, k, lease_ms, scan_limit, promote_limit, recover_limit),
     )
     tasks = [
-        Claimed(
-            reply[i].decode(), reply[i + 1], int(reply[i + 2]), int(reply[i + 3])
-        )
+        Claimed(reply[i].decode(), reply[i + 1], int(reply[i + 2]), int(reply[i + 3]))
         for i in range(2, len(reply), 4)
     ]
     return ClaimReply(tasks, int(reply[0]), reply[1] == 1)

@@ -54,8 +54,10 @@ class ConsumerStats:
 def _seconds(name: str, value: float | timedelta, *, minimum: float = 0.0) -> float:
     if isinstance(value, timedelta):
         value = value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, int | float) or not (
-        minimum <= value < 10**9
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not (minimum <= value < 10**9)
     ):
         raise ConfigurationError(
             f"{name} must be a number of seconds >= {minimum}, got {value!r}"
@@ -108,7 +110,10 @@ class Consumer(anyio.AsyncContextManagerMixin):
     ) -> None:
         self._keys = QueueKeys(queue)
         self._routes = build_routes(handlers)
-        for label, value in (("concurrency", concurrency), ("claim_batch", claim_batch)):
+        for label, value in (
+            ("concurrency", concurrency),
+            ("claim_batch", claim_batch),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigurationError(f"{label} must be an int >= 1, got {value!r}")
         if not isinstance(redis, str | Redis):
@@ -172,9 +177,7 @@ class Consumer(anyio.AsyncContextManagerMixin):
                     async with anyio.create_task_group() as inner:
                         await inner.start(self._fetch_loop, client, send)
                         for _ in range(self._concurrency):
-                            inner.start_soon(
-                                self._work_loop, receive.clone(), finisher
-                            )
+                            inner.start_soon(self._work_loop, receive.clone(), finisher)
                         try:
                             yield self
                         finally:
@@ -186,6 +189,7 @@ class Consumer(anyio.AsyncContextManagerMixin):
                         # Claimed but never started: back to the front, in order.
                         for running in _drain(receive):
                             self._hand_back(running, finisher)
+                        receive.close()
                         left = await finisher.close(timeout=10.0)
                         if left:
                             logger.warning(
@@ -237,9 +241,7 @@ class Consumer(anyio.AsyncContextManagerMixin):
                         scan_limit=k + 64,
                     )
                 except (RedisError, OSError) as exc:
-                    logger.warning(
-                        "claim failed (%s); retrying in %.2fs", exc, backoff
-                    )
+                    logger.warning("claim failed (%s); retrying in %.2fs", exc, backoff)
                     await self._block(None, backoff)
                     backoff = min(backoff * 2, _BACKOFF_MAX)
                     continue
@@ -277,7 +279,9 @@ class Consumer(anyio.AsyncContextManagerMixin):
                 if timeout < MAX_BLOCK:
                     tg.start_soon(self._poke, client, timeout)
                 try:
-                    await client.blpop([self._keys.wake], timeout=max(timeout, 0.01) + 0.1)
+                    await client.blpop(
+                        [self._keys.wake], timeout=max(timeout, 0.01) + 0.1
+                    )
                 except (RedisError, OSError) as exc:
                     logger.warning("waiting for work failed (%s)", exc)
                     await anyio.sleep(_BACKOFF_FIRST)

@@ -85,23 +85,31 @@ class Producer(anyio.AsyncContextManagerMixin):
         dedup_window: float | timedelta = DEFAULT_DEDUP_WINDOW,
     ) -> None:
         self._keys = QueueKeys(queue)
-        if isinstance(max_payload_bytes, bool) or not isinstance(
-            max_payload_bytes, int
-        ) or max_payload_bytes < 1:
+        if (
+            isinstance(max_payload_bytes, bool)
+            or not isinstance(max_payload_bytes, int)
+            or max_payload_bytes < 1
+        ):
             raise ConfigurationError(
                 f"max_payload_bytes must be a positive int, got {max_payload_bytes!r}"
             )
-        if isinstance(default_max_attempts, bool) or not isinstance(
-            default_max_attempts, int
-        ) or default_max_attempts < 1:
+        if (
+            isinstance(default_max_attempts, bool)
+            or not isinstance(default_max_attempts, int)
+            or default_max_attempts < 1
+        ):
             raise ConfigurationError(
                 f"default_max_attempts must be an int >= 1, got {default_max_attempts!r}"
             )
-        window = dedup_window.total_seconds() if isinstance(
-            dedup_window, timedelta
-        ) else dedup_window
-        if isinstance(window, bool) or not isinstance(window, int | float) or not (
-            0 < window < 10**9
+        window = (
+            dedup_window.total_seconds()
+            if isinstance(dedup_window, timedelta)
+            else dedup_window
+        )
+        if (
+            isinstance(window, bool)
+            or not isinstance(window, int | float)
+            or not (0 < window < 10**9)
         ):
             raise ConfigurationError(
                 f"dedup_window must be a positive number of seconds, got {dedup_window!r}"
@@ -179,7 +187,10 @@ class Producer(anyio.AsyncContextManagerMixin):
             )
         )
         ids = await _scripts.enqueue(
-            self._open_client(), self._keys, (new,), dedup_window_ms=self._dedup_window_ms
+            self._open_client(),
+            self._keys,
+            (new,),
+            dedup_window_ms=self._dedup_window_ms,
         )
         return ids[0]
 
@@ -196,7 +207,9 @@ class Producer(anyio.AsyncContextManagerMixin):
         prepared = []
         for task in tasks:
             if not isinstance(task, Task):
-                raise TypeError(f"enqueue_many takes aiogroupq.Task items, got {task!r}")
+                raise TypeError(
+                    f"enqueue_many takes aiogroupq.Task items, got {task!r}"
+                )
             prepared.append(self._prepare(task))
         if not prepared:
             return []
@@ -214,8 +227,10 @@ class Producer(anyio.AsyncContextManagerMixin):
         attempts = _validate.max_attempts(task.max_attempts) or (
             self._default_max_attempts
         )
-        dedup_key = None if task.dedup_key is None else _validate.name(
-            "dedup_key", task.dedup_key
+        dedup_key = (
+            None
+            if task.dedup_key is None
+            else _validate.name("dedup_key", task.dedup_key)
         )
         try:
             payload = encode_payload(task.payload)
@@ -267,7 +282,9 @@ class Producer(anyio.AsyncContextManagerMixin):
         ):
             if env is None:
                 continue  # purged between the two reads
-            out.append(_dead_letter(task_id.decode(), score, env, reason, trace, attempts))
+            out.append(
+                _dead_letter(task_id.decode(), score, env, reason, trace, attempts)
+            )
         return out
 
 
@@ -299,5 +316,3 @@ def _dead_letter(
         attempts=int(attempts or 0),
         dead_at=score / 1000,
     )
-
-

@@ -16,7 +16,7 @@ from typing import Any, Final
 import msgspec
 
 
-class TaskState(str, enum.Enum):
+class TaskState(enum.StrEnum):
     """Where a task is in its life. The last three are terminal."""
 
     #: waiting to run: in the ready list or behind a busy group

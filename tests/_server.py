@@ -77,7 +77,11 @@ class RedisServer:
                 try:
                     probe.ping()
                     return
-                except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
+                except (
+                    redis.ConnectionError,
+                    redis.TimeoutError,
+                    redis.BusyLoadingError,
+                ):
                     if self.process.poll() is not None or time.monotonic() > deadline:
                         raise RuntimeError(
                             f"test server did not start: {argv}; see "

@@ -27,6 +27,8 @@ async def test_enqueue_and_consume_one(redis_client: redis.asyncio.Redis) -> Non
     assert await _status(redis_client, task_id) == aiogroupq.TaskState.SUCCEEDED
 
 
-async def _status(client: redis.asyncio.Redis, task_id: str) -> aiogroupq.TaskState | None:
+async def _status(
+    client: redis.asyncio.Redis, task_id: str
+) -> aiogroupq.TaskState | None:
     async with aiogroupq.Producer(client, queue="smoke") as producer:
         return await producer.status(task_id)

@@ -1,0 +1,44 @@
+"""Developer sessions. ``nox -s tests`` is what CI and the README run."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["lint", "typecheck", "tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+PYTHONS = ["3.11", "3.12", "3.13", "3.14"]
+
+
+def _install(session: nox.Session, extras: str = "test") -> None:
+    session.install("-e", f".[{extras}]")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """The test suite on this interpreter, with a real server per worker."""
+    _install(session)
+    session.run("pytest", *(session.posargs or ["-n", "auto", "-m", "not chaos"]))
+
+
+@nox.session(name="tests-all", python=PYTHONS)
+def tests_all(session: nox.Session) -> None:
+    """The test suite on every supported Python found on this machine."""
+    _install(session)
+    session.run("pytest", *(session.posargs or ["-n", "auto", "-m", "not chaos"]))
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff lint and format check."""
+    session.install("ruff>=0.8")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy --strict over the package, the tests and this file."""
+    _install(session)
+    session.install("mypy>=1.13", "nox")
+    session.run("mypy")
