@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import typing
 from collections.abc import Awaitable, Callable, Mapping
@@ -33,11 +34,15 @@ class Route:
 
 
 def _is_async(func: object) -> bool:
-    inner = inspect.unwrap(func) if callable(func) else func  # type: ignore[arg-type]
+    if not callable(func):
+        return False
+    inner = inspect.unwrap(func)
     if inspect.iscoroutinefunction(inner):
         return True
-    call = getattr(inner, "__call__", None)  # noqa: B004 - callable objects
-    return inspect.iscoroutinefunction(call)
+    if isinstance(inner, functools.partial):
+        return _is_async(inner.func)
+    # A callable object whose __call__ is async.
+    return inspect.iscoroutinefunction(type(inner).__call__)
 
 
 def build_routes(handlers: Mapping[str, Handler]) -> dict[str, Route]:

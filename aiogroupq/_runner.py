@@ -49,9 +49,8 @@ class RetryPolicy:
 
     def delay(self, attempt: int) -> float:
         """Seconds to wait after failed attempt number *attempt*."""
-        return min(self.cap, self.base * 2 ** min(attempt - 1, 60)) * (
-            0.5 + random.random() / 2
-        )
+        growth: float = 2.0 ** min(attempt - 1, 60)
+        return min(self.cap, self.base * growth) * (0.5 + random.random() / 2)
 
 
 def _ms(seconds: float) -> int:
@@ -147,7 +146,7 @@ async def run_task(
     except Retry as exc:
         _failed(envelope, claimed, policy, outcome, exc, requested=exc.delay)
         return
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any handler error is an outcome
         _failed(envelope, claimed, policy, outcome, exc, requested=None)
         return
     finally:
@@ -164,11 +163,11 @@ async def run_task(
             return
         # Our own lease deadline passed without a renewal: we may still hold
         # the task, so count a failed attempt (refused if it was recovered).
-        exc = TimeoutError("the lease could not be renewed in time")
-        _failed(envelope, claimed, policy, outcome, exc, requested=0.0)
+        stalled = TimeoutError("the lease could not be renewed in time")
+        _failed(envelope, claimed, policy, outcome, stalled, requested=0.0)
     elif timed_out:
-        exc = TimeoutError(f"the attempt exceeded its timeout of {timeout}s")
-        _failed(envelope, claimed, policy, outcome, exc, requested=None)
+        late = TimeoutError(f"the attempt exceeded its timeout of {timeout}s")
+        _failed(envelope, claimed, policy, outcome, late, requested=None)
     else:
         logger.debug("task %s succeeded", claimed.id)
         outcome("ok")

@@ -177,6 +177,49 @@ async def finish(
     return [int(code) for code in await FINISH(client, keys, (), args)]
 
 
+async def task_state(client: Redis, keys: QueueKeys, task_id: str) -> str | None:
+    """The state field of a task's hash, or None if there is no such task."""
+    state: Any = await client.hget(keys.task(task_id), "s")
+    return None if state is None else bytes(state).decode()
+
+
+@dataclass(frozen=True, slots=True)
+class DeadRow:
+    """A dead-lettered task's stored fields."""
+
+    id: str
+    dead_at_ms: float
+    envelope: bytes
+    reason: str
+    traceback: str
+    attempts: int
+
+
+async def dead_rows(client: Redis, keys: QueueKeys, limit: int) -> list[DeadRow]:
+    """The oldest *limit* dead letters (two round trips: ids, then fields)."""
+    entries: Any = await client.zrange(keys.dead, 0, limit - 1, withscores=True)
+    async with client.pipeline(transaction=False) as pipe:
+        for task_id, _ in entries:
+            pipe.hmget(keys.task(task_id.decode()), "e", "x", "tb", "a")
+        rows: list[list[Any]] = await pipe.execute()
+    out = []
+    for (task_id, score), (env, reason, trace, attempts) in zip(
+        entries, rows, strict=True
+    ):
+        if env is not None:  # else purged between the two reads
+            out.append(
+                DeadRow(
+                    task_id.decode(),
+                    float(score),
+                    env,
+                    (reason or b"").decode(errors="replace"),
+                    (trace or b"").decode(errors="replace"),
+                    int(attempts or 0),
+                )
+            )
+    return out
+
+
 async def heartbeat(
     client: Redis, keys: QueueKeys, leases: Sequence[tuple[str, int]], *, lease_ms: int
 ) -> list[bool]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __all__ = ("Consumer", "ConsumerStats")
 
+import contextlib
 import logging
 import os
 import secrets
@@ -25,7 +26,7 @@ from ._connection import RedisLike, open_client, socket_timeout
 from ._finisher import Finisher
 from ._handlers import Handler, build_routes
 from ._keys import QueueKeys
-from ._runner import Running, RetryPolicy, run_task
+from ._runner import RetryPolicy, Running, run_task
 from .errors import ConfigurationError
 
 logger = logging.getLogger(__name__)
@@ -290,10 +291,9 @@ class Consumer(anyio.AsyncContextManagerMixin):
 
     async def _poke(self, client: Redis, delay: float) -> None:
         await anyio.sleep(delay)
-        try:
+        # On failure the pop's own timeout wakes us a little later.
+        with contextlib.suppress(RedisError, OSError):
             await client.rpush(self._keys.wake, "1")
-        except (RedisError, OSError):
-            pass  # the pop's own timeout wakes us a little later
 
     def _local_lease(self) -> float:
         # Stop a little before the server would recover the task.

@@ -114,7 +114,7 @@ class LeaseLostError(AiogroupqError):
         self.task_id = task_id
 
 
-class Retry(Exception):  # noqa: N818 - a control-flow signal, like anyio's WouldBlock
+class Retry(Exception):  # a control-flow signal, like anyio's WouldBlock
     """Raised by a handler to ask for another attempt after *delay* seconds.
 
     The attempt counts towards ``max_attempts``. For a grouped task the group

@@ -265,54 +265,32 @@ class Producer(anyio.AsyncContextManagerMixin):
         """
         if not isinstance(task_id, str):
             raise TypeError(f"task_id must be a str, got {type(task_id).__name__}")
-        state = await self._open_client().hget(self._keys.task(task_id), "s")
-        return None if state is None else TaskState(state.decode())
+        state = await _scripts.task_state(self._open_client(), self._keys, task_id)
+        return None if state is None else TaskState(state)
 
     async def dead_letters(self, *, limit: int = 100) -> list[DeadLetter]:
         """The oldest *limit* dead-lettered tasks of the queue, oldest first."""
-        client = self._open_client()
-        ids = await client.zrange(self._keys.dead, 0, limit - 1, withscores=True)
-        async with client.pipeline(transaction=False) as pipe:
-            for task_id, _ in ids:
-                pipe.hmget(self._keys.task(task_id.decode()), "e", "x", "tb", "a")
-            rows = await pipe.execute()
-        out = []
-        for (task_id, score), (env, reason, trace, attempts) in zip(
-            ids, rows, strict=True
-        ):
-            if env is None:
-                continue  # purged between the two reads
-            out.append(
-                _dead_letter(task_id.decode(), score, env, reason, trace, attempts)
-            )
-        return out
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"limit must be an int >= 1, got {limit!r}")
+        rows = await _scripts.dead_rows(self._open_client(), self._keys, limit)
+        return [_dead_letter(row) for row in rows]
 
 
-def _dead_letter(
-    task_id: str,
-    score: float,
-    env: bytes,
-    reason: bytes | None,
-    trace: bytes | None,
-    attempts: bytes | None,
-) -> DeadLetter:
-    try:
-        envelope: Envelope | None = unpack(env)
-    except msgspec.DecodeError:
-        envelope = None
+def _dead_letter(row: _scripts.DeadRow) -> DeadLetter:
+    envelope: Envelope | None = None
     payload: Any = None
-    if envelope is not None:
-        try:
-            payload = msgspec.msgpack.decode(envelope.payload)
-        except msgspec.DecodeError:
-            payload = None
+    try:
+        envelope = unpack(row.envelope)
+        payload = msgspec.msgpack.decode(envelope.payload)
+    except msgspec.DecodeError:
+        pass  # a corrupt envelope is itself a reason to have been dead-lettered
     return DeadLetter(
-        id=task_id,
+        id=row.id,
         type=envelope.type if envelope else "?",
         group=envelope.group if envelope else None,
         payload=payload,
-        reason=(reason or b"").decode(errors="replace"),
-        traceback=(trace or b"").decode(errors="replace"),
-        attempts=int(attempts or 0),
-        dead_at=score / 1000,
+        reason=row.reason,
+        traceback=row.traceback,
+        attempts=row.attempts,
+        dead_at=row.dead_at_ms / 1000,
     )
