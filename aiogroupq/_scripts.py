@@ -69,8 +69,9 @@ ENQUEUE: Final = Script("enqueue")
 CLAIM: Final = Script("claim")
 FINISH: Final = Script("finish")
 HEARTBEAT: Final = Script("heartbeat")
+RECOVER: Final = Script("recover")
 
-ALL_SCRIPTS: Final = (ENQUEUE, CLAIM, FINISH, HEARTBEAT)
+ALL_SCRIPTS: Final = (ENQUEUE, CLAIM, FINISH, HEARTBEAT, RECOVER)
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +176,19 @@ async def finish(
     for o in outcomes:
         args += (o.id, o.token, o.kind, o.arg1, o.arg2)
     return [int(code) for code in await FINISH(client, keys, (), args)]
+
+
+async def recover(
+    client: Redis,
+    keys: QueueKeys,
+    consumer: str,
+    *,
+    counted: bool,
+    keep: Sequence[str] = (),
+) -> int:
+    """Give back *consumer*'s held tasks except *keep*; return how many."""
+    args: list[EncodableT] = [1 if counted else 0, *keep]
+    return int(await RECOVER(client, keys, (keys.inflight(consumer),), args))
 
 
 async def task_state(client: Redis, keys: QueueKeys, task_id: str) -> str | None:

@@ -222,10 +222,38 @@ class Consumer(anyio.AsyncContextManagerMixin):
             block_cap = max(0.05, min(MAX_BLOCK, limit - 0.5, limit / 2))
         lease_ms = round(self._lease_ttl * 1000)
         backoff = _BACKOFF_FIRST
+        # A previous incarnation with our name may have died holding tasks:
+        # they go back to the front of their groups now, not at lease expiry.
+        reconcile: bool | None = True
         logger.info("consumer %s claiming from queue %r", self.name, self.queue)
         task_status.started()
         async with send:
             while not self._stopping:
+                if reconcile is not None:
+                    try:
+                        given_back = await _scripts.recover(
+                            client,
+                            self._keys,
+                            self.name,
+                            counted=reconcile,
+                            keep=list(self._running),
+                        )
+                    except (RedisError, OSError) as exc:
+                        logger.warning(
+                            "recovery failed (%s); retrying in %.2fs", exc, backoff
+                        )
+                        await self._block(None, backoff)
+                        backoff = min(backoff * 2, _BACKOFF_MAX)
+                        continue
+                    if given_back:
+                        logger.warning(
+                            "consumer %s gave back %d tasks it held but was not "
+                            "running (%s)",
+                            self.name,
+                            given_back,
+                            "previous incarnation" if reconcile else "lost reply",
+                        )
+                    reconcile = None
                 if self._free == 0:
                     self._free_changed = anyio.Event()
                     await self._free_changed.wait()

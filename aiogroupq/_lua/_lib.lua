@@ -94,3 +94,24 @@ local function bury(id, g, now, reason, trace)
   redis.call('ZADD', K_DEAD, now, id)
   return release(g)
 end
+
+-- The one recovery path (expired lease, restarted owner, lost claim reply):
+-- the task goes back to the very front of its group, or, when counted and
+-- past its last attempt, to the dead letters. Returns true if the ready list
+-- grew.
+local function recover(id, now, why, counted)
+  local key = k_task(id)
+  local f = redis.call('HMGET', key, 'g', 'a', 'm', 'c', 's')
+  drop_lease(id, f[4])
+  if f[5] ~= 'running' then return false end
+  redis.call('HDEL', key, 'c')
+  local attempt, max_attempts = tonumber(f[2] or 0), tonumber(f[3] or 1)
+  if not counted then
+    redis.call('HINCRBY', key, 'a', -1)
+  elseif attempt >= max_attempts then
+    return bury(id, f[1], now, why .. ' on the last attempt (' .. attempt .. ' of ' ..
+      max_attempts .. '); consumer ' .. tostring(f[4]), '')
+  end
+  requeue_front(id, f[1])
+  return true
+end

@@ -31,15 +31,7 @@ local now = now_ms()
 -- of its group again before a later task of its group could be looked at.
 local expired = redis.call('ZRANGEBYSCORE', K_LEASES, '-inf', now, 'LIMIT', 0, recover_limit)
 for _, id in ipairs(expired) do
-  local f = redis.call('HMGET', k_task(id), 'g', 'a', 'm', 'c')
-  drop_lease(id, f[4])
-  if tonumber(f[2] or 0) >= tonumber(f[3] or 1) then
-    bury(id, f[1], now, 'lease expired on the last attempt (' .. (f[2] or '?') ..
-      ' of ' .. (f[3] or '?') .. '): consumer ' .. tostring(f[4]) ..
-      ' stopped renewing it', '')
-  else
-    requeue_front(id, f[1])
-  end
+  recover(id, now, 'lease expired', true)
 end
 
 -- (b) Promote due tasks in due order.

@@ -1,0 +1,353 @@
+"""A journal of handler runs, shared by every process of a test, and its checker.
+
+Handlers call :meth:`Journal.run` around their body. Each start and each end is
+ONE atomic Redis call (a small Lua script): ``INCR`` a clock key and append
+``<clock> <record>`` to a list. The clock therefore orders every event of every
+process on one timeline, the Redis server's, with no reliance on local clocks.
+
+Why this timeline can be trusted to judge the queue: a handler's start event
+is written after its task was claimed and its end event before the handler
+returns, i.e. before its acknowledgement is sent. So if the library keeps a
+group exclusive and ordered, the journal can never show an overlap or an
+inversion; one the journal shows did happen.
+
+The keys live outside the queue's prefix (``test:journal…``), so the queue's
+own scripts never see them, and the per-test ``flushdb`` clears them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import anyio
+import msgspec
+import redis.asyncio
+
+import aiogroupq
+
+JOURNAL_KEY = "test:journal"
+
+# KEYS: clock, journal list, set of task numbers whose handler returned.
+# ARGV: the record (JSON without the clock), the task number to add to the
+# "done" set ("" for none). Returns the clock value of this event.
+_APPEND_LUA = """
+local clock = redis.call('INCR', KEYS[1])
+redis.call('RPUSH', KEYS[2], clock .. ' ' .. ARGV[1])
+if ARGV[2] ~= '' then redis.call('SADD', KEYS[3], ARGV[2]) end
+return clock
+"""
+
+EventKind = Literal["start", "end"]
+
+
+class Job(msgspec.Struct, frozen=True):
+    """The payload of every journaled task.
+
+    :ivar n: unique number of the task within the test
+    :ivar group: the group it was enqueued with (``None``: ungrouped)
+    :ivar seq: its position in its group's enqueue order, from 0
+    :ivar sleep_ms: how long the handler sleeps, so that runs overlap in time
+    :ivar fail_until: the handler raises while its attempt is below this
+    """
+
+    n: int
+    group: str | None
+    seq: int
+    sleep_ms: float = 0.0
+    fail_until: int = 0
+
+
+class _Record(msgspec.Struct, array_like=True, frozen=True):
+    event: EventKind
+    n: int
+    group: str | None
+    seq: int
+    pid: int
+    attempt: int
+    meta_group: str | None  # what aiogroupq.current_task() said
+    ok: bool  # end events: did the handler body return normally?
+    task_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One journal event, as read back."""
+
+    clock: int
+    event: EventKind
+    n: int
+    group: str | None
+    seq: int
+    pid: int
+    attempt: int
+    meta_group: str | None
+    ok: bool
+    task_id: str
+
+
+class HandlerFailure(Exception):
+    """Raised on purpose by a handler whose job says it must fail."""
+
+
+class Journal:
+    """Writes and reads the journal through one ``redis.asyncio`` client."""
+
+    def __init__(self, client: redis.asyncio.Redis, *, key: str = JOURNAL_KEY):
+        self._client = client
+        self._keys = (f"{key}:clock", key, f"{key}:done")
+        self._append = client.register_script(_APPEND_LUA)
+
+    async def record(self, event: EventKind, job: Job, *, ok: bool = True) -> int:
+        """Append one event for the task whose handler runs in this context."""
+        info = aiogroupq.current_task()
+        record = _Record(
+            event=event,
+            n=job.n,
+            group=job.group,
+            seq=job.seq,
+            pid=os.getpid(),
+            attempt=info.attempt,
+            meta_group=info.group,
+            ok=ok,
+            task_id=info.id,
+        )
+        done = str(job.n) if event == "end" and ok else ""
+        clock = await self._append(
+            keys=self._keys, args=(msgspec.json.encode(record), done)
+        )
+        return int(clock)
+
+    @asynccontextmanager
+    async def run(self, job: Job) -> AsyncIterator[aiogroupq.TaskInfo]:
+        """Journal a start, run the body, journal an end (even on error)."""
+        await self.record("start", job)
+        ok = False
+        try:
+            yield aiogroupq.current_task()
+            ok = True
+        finally:
+            # Shielded: a cancelled handler (shutdown, lost lease) still
+            # closes its interval, or the checker would see a run that never
+            # ends and count every later start of its group as an overlap.
+            with anyio.CancelScope(shield=True):
+                await self.record("end", job, ok=ok)
+
+    async def done_count(self) -> int:
+        """How many distinct tasks had a handler return normally."""
+        return int(await self._client.scard(self._keys[2]))
+
+    async def wait_done(self, total: int, *, poll: float = 0.02) -> None:
+        """Wait until *total* distinct tasks are done (callers bound the wait)."""
+        while await self.done_count() < total:
+            await anyio.sleep(poll)
+
+    async def entries(self) -> list[Entry]:
+        """Every event so far, in clock order."""
+        raw: list[bytes] = await self._client.lrange(self._keys[1], 0, -1)
+        out = []
+        for line in raw:
+            clock, _, body = line.partition(b" ")
+            r = msgspec.json.decode(body, type=_Record)
+            out.append(
+                Entry(
+                    int(clock),
+                    r.event,
+                    r.n,
+                    r.group,
+                    r.seq,
+                    r.pid,
+                    r.attempt,
+                    r.meta_group,
+                    r.ok,
+                    r.task_id,
+                )
+            )
+        out.sort(key=lambda e: e.clock)  # already in order; cheap insurance
+        return out
+
+
+def make_handlers(journal: Journal) -> dict[str, Callable[[Job], Awaitable[None]]]:
+    """The standard handler: journal the run, sleep as told, fail as told."""
+
+    async def work(job: Job) -> None:
+        async with journal.run(job) as info:
+            if job.sleep_ms > 0:
+                await anyio.sleep(job.sleep_ms / 1000)
+            if info.attempt < job.fail_until:
+                raise HandlerFailure(f"task {job.n} fails attempt {info.attempt}")
+
+    return {"work": work}
+
+
+@dataclass(frozen=True, slots=True)
+class Figures:
+    """What the journal says about the invariants (see :func:`check`).
+
+    :ivar tasks: tasks the test expected to run
+    :ivar started: distinct expected tasks that started at least once
+    :ivar starts: start events in all
+    :ivar started_more_than_once: tasks with more than one start event
+    :ivar never_run: expected tasks that never started
+    :ivar unexpected: start events of tasks the test did not enqueue
+    :ivar unfinished: start events without a matching end event
+    :ivar failed_runs: runs whose handler raised
+    :ivar order_violations: grouped starts out of enqueue order (see check)
+    :ivar overlaps: starts while another run of the same group was running
+    :ivar meta_mismatches: runs where current_task().group != enqueued group
+    :ivar max_group_concurrency: most runs of one group at once (must be 1)
+    :ivar max_ungrouped_concurrency: most ungrouped runs at once
+    :ivar max_concurrency: most runs at once, all tasks together
+    :ivar groups: distinct groups that started
+    :ivar processes: distinct processes that ran handlers
+    """
+
+    tasks: int
+    started: int
+    starts: int
+    started_more_than_once: int
+    never_run: int
+    unexpected: int
+    unfinished: int
+    failed_runs: int
+    order_violations: int
+    overlaps: int
+    meta_mismatches: int
+    max_group_concurrency: int
+    max_ungrouped_concurrency: int
+    max_concurrency: int
+    groups: int
+    processes: int
+
+
+def check(entries: Iterable[Entry], expected: Mapping[int, Job]) -> Figures:
+    """Turn the journal into figures.
+
+    Group order: per group, a start must be either a re-start of the group's
+    current task (a retry, which must come before any later task) or the
+    start of the next task in enqueue order. Anything else (a later task
+    overtaking, a skipped task, an older task coming back after a later one
+    started) counts as one violation.
+
+    Overlap: a start of a group's task while a run of that group has started
+    and not yet ended.
+    """
+    events = sorted(entries, key=lambda e: e.clock)
+    starts_of: dict[int, int] = defaultdict(int)
+    open_runs: dict[tuple[int, int, int], int] = defaultdict(int)
+    head: dict[str, int] = {}  # group -> seq of its current task
+    running_in: dict[str, int] = defaultdict(int)
+    starts = unexpected = failed = order_violations = overlaps = mismatches = 0
+    max_group = max_ungrouped = max_all = 0
+    ungrouped = running = 0
+    groups: set[str] = set()
+    pids: set[int] = set()
+    for e in events:
+        run_key = (e.n, e.attempt, e.pid)
+        if e.event == "start":
+            starts += 1
+            starts_of[e.n] += 1
+            open_runs[run_key] += 1
+            pids.add(e.pid)
+            if e.n not in expected:
+                unexpected += 1
+            if e.meta_group != e.group:
+                mismatches += 1
+            running += 1
+            max_all = max(max_all, running)
+            if e.group is None:
+                ungrouped += 1
+                max_ungrouped = max(max_ungrouped, ungrouped)
+                continue
+            groups.add(e.group)
+            current = head.get(e.group, -1)
+            if e.seq == current + 1:
+                head[e.group] = e.seq
+            elif e.seq != current:
+                order_violations += 1
+                head[e.group] = max(current, e.seq)
+            if running_in[e.group] > 0:
+                overlaps += 1
+            running_in[e.group] += 1
+            max_group = max(max_group, running_in[e.group])
+        else:
+            if open_runs[run_key] <= 0:
+                continue  # an end without a start: not a run we can place
+            open_runs[run_key] -= 1
+            running -= 1
+            if not e.ok:
+                failed += 1
+            if e.group is None:
+                ungrouped -= 1
+            else:
+                running_in[e.group] -= 1
+    started = sum(1 for n in expected if starts_of.get(n, 0) > 0)
+    return Figures(
+        tasks=len(expected),
+        started=started,
+        starts=starts,
+        started_more_than_once=sum(1 for c in starts_of.values() if c > 1),
+        never_run=len(expected) - started,
+        unexpected=unexpected,
+        unfinished=sum(open_runs.values()),
+        failed_runs=failed,
+        order_violations=order_violations,
+        overlaps=overlaps,
+        meta_mismatches=mismatches,
+        max_group_concurrency=max_group,
+        max_ungrouped_concurrency=max_ungrouped,
+        max_concurrency=max_all,
+        groups=len(groups),
+        processes=len(pids),
+    )
+
+
+# -- consumer processes -------------------------------------------------------
+
+
+def consume_in_process(
+    url: str,
+    queue: str,
+    concurrency: int,
+    ready: Flag,
+    stop: Flag,
+) -> None:
+    """Target of a ``spawn`` child: consume *queue* until *stop* is set.
+
+    *ready* is set once the consumer is claiming, so the parent can enqueue
+    knowing every process competes for the tasks from the start.
+    """
+    anyio.run(_consume, url, queue, concurrency, ready, stop, backend="asyncio")
+
+
+async def _consume(
+    url: str, queue: str, concurrency: int, ready: Flag, stop: Flag
+) -> None:
+    client = redis.asyncio.Redis.from_url(url)
+    try:
+        journal = Journal(client)
+        async with aiogroupq.Consumer(
+            url,
+            queue=queue,
+            handlers=make_handlers(journal),
+            concurrency=concurrency,
+            grace_period=10.0,
+        ):
+            ready.set()
+            # A multiprocessing Event cannot be awaited; polling it is cheap.
+            while not stop.is_set():
+                await anyio.sleep(0.05)
+    finally:
+        await client.aclose()
+
+
+class Flag(Protocol):
+    """The part of ``multiprocessing.synchronize.Event`` used here."""
+
+    def set(self) -> None: ...
+
+    def is_set(self) -> bool: ...
