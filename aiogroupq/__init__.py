@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 
+from ._handlers import Handler as Handler
 from .consumer import Consumer as Consumer, ConsumerStats as ConsumerStats
 from .errors import (
     AiogroupqError as AiogroupqError,
@@ -15,14 +16,18 @@ from .errors import (
     InvalidGroupError as InvalidGroupError,
     InvalidTaskError as InvalidTaskError,
     LeaseLostError as LeaseLostError,
+    NoResultError as NoResultError,
     PayloadTooLargeError as PayloadTooLargeError,
     Retry as Retry,
+    TaskCancelledError as TaskCancelledError,
+    TaskFailedError as TaskFailedError,
     TaskNotFoundError as TaskNotFoundError,
     UnencodablePayloadError as UnencodablePayloadError,
     UnknownTaskTypeError as UnknownTaskTypeError,
 )
-from .producer import DeadLetter as DeadLetter, Producer as Producer
+from .producer import Producer as Producer
 from .task import (
+    DeadLetter as DeadLetter,
     Task as Task,
     TaskInfo as TaskInfo,
     TaskState as TaskState,
@@ -37,13 +42,17 @@ __all__ = (
     "Consumer",
     "ConsumerStats",
     "DeadLetter",
+    "Handler",
     "InvalidGroupError",
     "InvalidTaskError",
     "LeaseLostError",
+    "NoResultError",
     "PayloadTooLargeError",
     "Producer",
     "Retry",
     "Task",
+    "TaskCancelledError",
+    "TaskFailedError",
     "TaskInfo",
     "TaskNotFoundError",
     "TaskState",

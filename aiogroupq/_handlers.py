@@ -1,4 +1,5 @@
-"""Handler registry: each handler is inspected once for the payload type it wants."""
+"""Handler registry: each handler is inspected once for the payload type it
+wants, together with its task type's options (:class:`Handler`)."""
 
 from __future__ import annotations
 
@@ -7,25 +8,109 @@ import inspect
 import typing
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from datetime import timedelta
+from typing import Any, Literal
 
 import msgspec
 
 from ._codec import payload_decoder
 from .errors import ConfigurationError
 
-Handler = Callable[..., Awaitable[Any]]
+HandlerFunc = Callable[..., Awaitable[Any]]
 """``async def handler(payload)`` (or with no parameter)."""
+
+
+class Handler:
+    """A handler with options for its task type; pass it as a ``handlers``
+    value instead of the bare function.
+
+    :param func: ``async def handler(payload)`` (or with no parameter)
+    :param timeout: seconds one attempt may run when the task sets none
+    :param retry_backoff: seconds before the first retry (doubling, with
+        jitter), instead of the consumer's
+    :param retry_backoff_max: cap of the retry delay, instead of the consumer's
+    :param no_retry: exception types that dead-letter the task at once
+    :param store_result: keep the handler's return value (MessagePack) for
+        :meth:`Producer.result` during the retention window
+    :param on_dead: ``"continue"`` (default): a dead-lettered task's group
+        goes on with its next task; ``"halt"``: the group stops behind it until
+        :meth:`Producer.requeue_dead` or :meth:`Producer.release_group`.
+        Dead-lettering by lease expiry on the last attempt always continues.
+    :raises ConfigurationError: for an unusable option
+    """
+
+    __slots__ = (
+        "func",
+        "no_retry",
+        "on_dead",
+        "retry_backoff",
+        "retry_backoff_max",
+        "store_result",
+        "timeout",
+    )
+
+    def __init__(
+        self,
+        func: HandlerFunc,
+        *,
+        timeout: float | timedelta | None = None,
+        retry_backoff: float | timedelta | None = None,
+        retry_backoff_max: float | timedelta | None = None,
+        no_retry: tuple[type[BaseException], ...] = (),
+        store_result: bool = False,
+        on_dead: Literal["continue", "halt"] = "continue",
+    ) -> None:
+        self.func = func
+        self.timeout = _optional_seconds("timeout", timeout, positive=True)
+        self.retry_backoff = _optional_seconds("retry_backoff", retry_backoff)
+        self.retry_backoff_max = _optional_seconds(
+            "retry_backoff_max", retry_backoff_max
+        )
+        if not isinstance(no_retry, tuple) or not all(
+            isinstance(t, type) and issubclass(t, BaseException) for t in no_retry
+        ):
+            raise ConfigurationError(
+                f"no_retry must be a tuple of exception types, got {no_retry!r}"
+            )
+        self.no_retry = no_retry
+        self.store_result = bool(store_result)
+        if on_dead not in ("continue", "halt"):
+            raise ConfigurationError(
+                f"on_dead must be 'continue' or 'halt', got {on_dead!r}"
+            )
+        self.on_dead = on_dead
+
+    def __repr__(self) -> str:
+        return f"aiogroupq.Handler({self.func!r}, on_dead={self.on_dead!r})"
+
+
+def _optional_seconds(
+    name: str, value: float | timedelta | None, *, positive: bool = False
+) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not (0 <= value < 10**9)
+        or (positive and value == 0)
+    ):
+        bound = "> 0" if positive else ">= 0"
+        raise ConfigurationError(f"{name} must be seconds {bound}, got {value!r}")
+    return float(value)
 
 
 @dataclass(frozen=True, slots=True)
 class Route:
     """How to call one task type's handler."""
 
-    handler: Handler
+    func: HandlerFunc
     decoder: msgspec.msgpack.Decoder[Any]
     payload_type: Any  # the annotation, or Any
     takes_payload: bool
+    options: Handler
 
     def describe_type(self) -> str:
         """The payload type as a reader would write it."""
@@ -45,7 +130,7 @@ def _is_async(func: object) -> bool:
     return inspect.iscoroutinefunction(type(inner).__call__)
 
 
-def build_routes(handlers: Mapping[str, Handler]) -> dict[str, Route]:
+def build_routes(handlers: Mapping[str, HandlerFunc | Handler]) -> dict[str, Route]:
     """Inspect every handler once.
 
     :raises ConfigurationError: for a non-async handler, one that takes more
@@ -58,17 +143,19 @@ def build_routes(handlers: Mapping[str, Handler]) -> dict[str, Route]:
     return {name: _route(name, handler) for name, handler in handlers.items()}
 
 
-def _route(name: object, handler: Handler) -> Route:
+def _route(name: object, handler: HandlerFunc | Handler) -> Route:
     if not isinstance(name, str) or not name:
         raise ConfigurationError(f"task type names must be non-empty str, got {name!r}")
-    if not _is_async(handler):
+    options = handler if isinstance(handler, Handler) else Handler(handler)
+    func = options.func
+    if not _is_async(func):
         raise ConfigurationError(
-            f"handler for {name!r} must be an async function, got {handler!r}"
+            f"handler for {name!r} must be an async function, got {func!r}"
         )
     try:
         params = [
             p
-            for p in inspect.signature(handler).parameters.values()
+            for p in inspect.signature(func).parameters.values()
             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
         ]
     except (TypeError, ValueError) as exc:
@@ -80,11 +167,13 @@ def _route(name: object, handler: Handler) -> Route:
             f"it requires {len(required)}"
         )
     if not params:
-        return Route(handler, payload_decoder(Any), Any, takes_payload=False)
+        return Route(func, payload_decoder(Any), Any, False, options)
     first = params[0]
     payload_type: Any = Any
     if first.annotation is not first.empty:
-        target = inspect.unwrap(handler)
+        target: Any = inspect.unwrap(func)
+        if isinstance(target, functools.partial):
+            target = inspect.unwrap(target.func)
         if not inspect.isfunction(target) and not inspect.ismethod(target):
             target = type(target).__call__
         try:
@@ -102,4 +191,4 @@ def _route(name: object, handler: Handler) -> Route:
             f"the payload type {payload_type!r} of the handler for {name!r} "
             f"is not supported by msgspec: {exc}"
         ) from exc
-    return Route(handler, decoder, payload_type, takes_payload=True)
+    return Route(func, decoder, payload_type, True, options)

@@ -71,6 +71,10 @@ class QueueKeys:
         """STRING: id of the task that used *dedup_key* within the window."""
         return f"{self.prefix}dedup:{dedup_key}"
 
+    def done(self, task_id: str) -> str:
+        """LIST of tokens pushed when a waited-for task ends."""
+        return f"{self.prefix}done:{task_id}"
+
     def pattern(self) -> str:
         """A SCAN pattern matching every key of this queue."""
         escaped = re.sub(r"([*?\[\]\\])", r"\\\1", self.prefix)

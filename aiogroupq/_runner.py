@@ -6,20 +6,19 @@ from __future__ import annotations
 import logging
 import random
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
 import anyio
 import msgspec
 
-from ._codec import unpack
+from ._codec import encode_payload, unpack
 from ._scripts import Claimed, Outcome
 from .errors import Retry
-from .task import Envelope, TaskInfo, _current
+from .task import DeadLetter, Envelope, TaskInfo, _current
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from ._handlers import Route
 
 logger = logging.getLogger("aiogroupq.consumer")
@@ -33,10 +32,12 @@ class Running:
     """A task this consumer holds, from claim until its outcome is recorded."""
 
     claimed: Claimed
-    # Cancelled by the heartbeat when the lease is lost; its deadline is the
-    # local lease deadline, so a consumer that cannot renew stops by itself.
+    # Cancelled by the heartbeat when the lease is lost or a cancellation is
+    # requested; its deadline is the local lease deadline, so a consumer that
+    # cannot renew its leases stops by itself.
     lease_scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     lost: bool = False
+    cancel_requested: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,8 +54,7 @@ class RetryPolicy:
         return min(self.cap, self.base * growth) * (0.5 + random.random() / 2)
 
 
-def _ms(seconds: float) -> int:
-    return max(0, round(seconds * 1000))
+Submit = Callable[[Outcome, DeadLetter | None], None]
 
 
 def _reason(exc: BaseException) -> str:
@@ -65,27 +65,119 @@ def _trace(exc: BaseException) -> str:
     return "".join(traceback.format_exception(exc))[-MAX_TRACEBACK:]
 
 
+class _Attempt:
+    """Builds the outcome of one attempt."""
+
+    def __init__(self, running: Running, submit: Submit) -> None:
+        self.claimed = running.claimed
+        self.submit = submit
+        self.envelope: Envelope | None = None
+
+    def extra(self) -> dict[str, object]:
+        group = self.envelope.group if self.envelope else None
+        return {"task_id": self.claimed.id, "group": group}
+
+    def outcome(self, kind: str, arg1: str | int | bytes = "", arg2: str = "") -> None:
+        self.submit(
+            Outcome(self.claimed.id, self.claimed.token, kind, arg1, arg2), None
+        )
+
+    def dead(self, reason: str, trace: str = "", *, halt: bool = False) -> None:
+        """Dead-letter the task (the group halts behind it with *halt*)."""
+        claimed, envelope = self.claimed, self.envelope
+        notice = DeadLetter(
+            id=claimed.id,
+            type=envelope.type if envelope else "?",
+            group=envelope.group if envelope else None,
+            payload=None,
+            reason=reason,
+            traceback=trace,
+            attempts=claimed.attempt,
+            dead_at=0.0,
+        )
+        kind = "halt" if halt and envelope and envelope.group else "dead"
+        self.submit(Outcome(claimed.id, claimed.token, kind, reason, trace), notice)
+
+    def failed(
+        self,
+        route: Route,
+        default: RetryPolicy,
+        exc: BaseException,
+        *,
+        delay: float | None,
+    ) -> None:
+        """Retry per the policy, or dead-letter on the last attempt."""
+        envelope, claimed, options = self.envelope, self.claimed, route.options
+        assert envelope is not None
+        halt = options.on_dead == "halt"
+        if isinstance(exc, options.no_retry):
+            logger.error(
+                "task %s failed with %s, which is not retried; dead-lettered",
+                claimed.id,
+                type(exc).__qualname__,
+                exc_info=exc,
+                extra=self.extra(),
+            )
+            self.dead(_reason(exc), _trace(exc), halt=halt)
+            return
+        if claimed.attempt >= envelope.max_attempts:
+            retry = isinstance(exc, Retry)
+            logger.error(
+                "task %s failed on its last attempt (%d of %d); dead-lettered",
+                claimed.id,
+                claimed.attempt,
+                envelope.max_attempts,
+                exc_info=None if retry else exc,
+                extra=self.extra(),
+            )
+            reason = "Retry requested on the last attempt" if retry else _reason(exc)
+            self.dead(reason, "" if retry else _trace(exc), halt=halt)
+            return
+        if delay is None:
+            policy = RetryPolicy(
+                default.base
+                if options.retry_backoff is None
+                else options.retry_backoff,
+                default.cap
+                if options.retry_backoff_max is None
+                else options.retry_backoff_max,
+            )
+            delay = policy.delay(claimed.attempt)
+        if isinstance(exc, Retry):
+            logger.info(
+                "task %s asked to retry in %.3fs", claimed.id, delay, extra=self.extra()
+            )
+        else:
+            logger.error(
+                "task %s failed (attempt %d of %d); retrying in %.3fs",
+                claimed.id,
+                claimed.attempt,
+                envelope.max_attempts,
+                delay,
+                exc_info=exc,
+                extra=self.extra(),
+            )
+        self.outcome("retry", max(0, round(delay * 1000)), _reason(exc))
+
+
 async def run_task(
     running: Running,
     routes: dict[str, Route],
     policy: RetryPolicy,
-    submit: Callable[[Outcome], None],
+    submit: Submit,
 ) -> None:
     """Run one claimed task and submit its outcome.
 
     Never raises for anything the task does, except the cancellation of the
     consumer itself (shutdown), after handing the task back.
     """
+    attempt = _Attempt(running, submit)
     claimed = running.claimed
-
-    def outcome(kind: str, arg1: str | int = "", arg2: str = "") -> None:
-        submit(Outcome(claimed.id, claimed.token, kind, arg1, arg2))
-
     try:
-        envelope = unpack(claimed.envelope)
+        envelope = attempt.envelope = unpack(claimed.envelope)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         logger.error("task %s has a corrupt envelope: %s", claimed.id, exc)
-        outcome("dead", f"corrupt envelope: {exc}")
+        attempt.dead(f"CorruptEnvelope: {exc}")
         return
     route = routes.get(envelope.type)
     if route is None:
@@ -93,12 +185,11 @@ async def run_task(
             "no handler for task type %r (task %s)",
             envelope.type,
             claimed.id,
-            extra={"task_id": claimed.id, "group": envelope.group},
+            extra=attempt.extra(),
         )
-        outcome(
-            "dead",
+        attempt.dead(
             f"UnknownTaskType: no handler for task type {envelope.type!r}; "
-            f"this consumer handles {sorted(routes)!r}",
+            f"this consumer handles {sorted(routes)!r}"
         )
         return
     try:
@@ -109,45 +200,49 @@ async def run_task(
             claimed.id,
             route.describe_type(),
             exc,
-            extra={"task_id": claimed.id, "group": envelope.group},
+            extra=attempt.extra(),
         )
-        outcome(
-            "dead",
+        attempt.dead(
             f"InvalidPayload: payload does not decode into {route.describe_type()}: "
             f"{exc}",
+            halt=route.options.on_dead == "halt",
         )
         return
 
-    info = TaskInfo(
-        id=claimed.id,
-        type=envelope.type,
-        group=envelope.group,
-        attempt=claimed.attempt,
-        max_attempts=envelope.max_attempts,
-        fencing_token=claimed.token,
-        enqueued_at=envelope.enqueued_ms / 1000,
+    timeout = (
+        route.options.timeout
+        if envelope.timeout_ms is None
+        else envelope.timeout_ms / 1000
     )
-    timeout = None if envelope.timeout_ms is None else envelope.timeout_ms / 1000
-    context_token = _current.set(info)
+    context_token = _current.set(
+        TaskInfo(
+            id=claimed.id,
+            type=envelope.type,
+            group=envelope.group,
+            attempt=claimed.attempt,
+            max_attempts=envelope.max_attempts,
+            fencing_token=claimed.token,
+            enqueued_at=envelope.enqueued_ms / 1000,
+        )
+    )
     timed_out = False
     try:
-        with running.lease_scope:
-            with anyio.move_on_after(timeout) as timeout_scope:
-                if route.takes_payload:
-                    await route.handler(payload)
-                else:
-                    await route.handler()
-            timed_out = timeout_scope.cancelled_caught
+        with running.lease_scope, anyio.move_on_after(timeout) as timeout_scope:
+            if route.takes_payload:
+                result = await route.func(payload)
+            else:
+                result = await route.func()
+        timed_out = timeout_scope.cancelled_caught
     except anyio.get_cancelled_exc_class():
         # The consumer is shutting down past its grace period: the task did
         # not finish, so it goes back to the front of its group, uncounted.
-        outcome("back")
+        attempt.outcome("back")
         raise
     except Retry as exc:
-        _failed(envelope, claimed, policy, outcome, exc, requested=exc.delay)
+        attempt.failed(route, policy, exc, delay=exc.delay)
         return
     except Exception as exc:  # noqa: BLE001 - any handler error is an outcome
-        _failed(envelope, claimed, policy, outcome, exc, requested=None)
+        attempt.failed(route, policy, exc, delay=None)
         return
     finally:
         _current.reset(context_token)
@@ -158,58 +253,27 @@ async def run_task(
                 "lease of task %s was lost; its handler was cancelled and its "
                 "result is dropped",
                 claimed.id,
-                extra={"task_id": claimed.id, "group": envelope.group},
+                extra=attempt.extra(),
             )
-            return
-        # Our own lease deadline passed without a renewal: we may still hold
-        # the task, so count a failed attempt (refused if it was recovered).
-        stalled = TimeoutError("the lease could not be renewed in time")
-        _failed(envelope, claimed, policy, outcome, stalled, requested=0.0)
+        elif running.cancel_requested:
+            logger.info("task %s cancelled on request", claimed.id)
+            attempt.outcome("cancel")
+        else:
+            # Our own lease deadline passed without a renewal: we may still
+            # hold the task, so count a failed attempt (refused if recovered).
+            stalled = TimeoutError("the lease could not be renewed in time")
+            attempt.failed(route, policy, stalled, delay=0.0)
     elif timed_out:
         late = TimeoutError(f"the attempt exceeded its timeout of {timeout}s")
-        _failed(envelope, claimed, policy, outcome, late, requested=None)
+        attempt.failed(route, policy, late, delay=None)
+    elif route.options.store_result:
+        try:
+            encoded = encode_payload(result)
+        except (TypeError, msgspec.EncodeError, OverflowError) as exc:
+            attempt.dead(f"UnencodableResult: {exc}")
+        else:
+            logger.debug("task %s succeeded", claimed.id)
+            attempt.outcome("ok", bytes(encoded))
     else:
         logger.debug("task %s succeeded", claimed.id)
-        outcome("ok")
-
-
-def _failed(
-    envelope: Envelope,
-    claimed: Claimed,
-    policy: RetryPolicy,
-    outcome: Callable[[str, str | int, str], None],
-    exc: BaseException,
-    *,
-    requested: float | None,
-) -> None:
-    extra = {"task_id": claimed.id, "group": envelope.group}
-    if claimed.attempt >= envelope.max_attempts:
-        logger.error(
-            "task %s failed on its last attempt (%d of %d); dead-lettered",
-            claimed.id,
-            claimed.attempt,
-            envelope.max_attempts,
-            exc_info=exc if not isinstance(exc, Retry) else None,
-            extra=extra,
-        )
-        reason = (
-            "Retry requested on the last attempt"
-            if isinstance(exc, Retry)
-            else _reason(exc)
-        )
-        outcome("dead", reason, _trace(exc))
-        return
-    delay = policy.delay(claimed.attempt) if requested is None else requested
-    if isinstance(exc, Retry):
-        logger.info("task %s asked to retry in %.3fs", claimed.id, delay, extra=extra)
-    else:
-        logger.error(
-            "task %s failed (attempt %d of %d); retrying in %.3fs",
-            claimed.id,
-            claimed.attempt,
-            envelope.max_attempts,
-            delay,
-            exc_info=exc,
-            extra=extra,
-        )
-    outcome("retry", _ms(delay), _reason(exc))
+        attempt.outcome("ok")

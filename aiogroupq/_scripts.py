@@ -10,6 +10,7 @@ run.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib.resources import files
@@ -70,8 +71,11 @@ CLAIM: Final = Script("claim")
 FINISH: Final = Script("finish")
 HEARTBEAT: Final = Script("heartbeat")
 RECOVER: Final = Script("recover")
+CANCEL: Final = Script("cancel")
+DEAD: Final = Script("dead")
+WAIT: Final = Script("wait")
 
-ALL_SCRIPTS: Final = (ENQUEUE, CLAIM, FINISH, HEARTBEAT, RECOVER)
+ALL_SCRIPTS: Final = (ENQUEUE, CLAIM, FINISH, HEARTBEAT, RECOVER, CANCEL, DEAD, WAIT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +88,7 @@ class NewTask:
     delay_ms: int
     max_attempts: int
     dedup_key: str | None
+    run_at_ms: int = 0  # due time in Unix ms (server clock); wins over delay_ms
 
 
 async def enqueue(
@@ -104,6 +109,7 @@ async def enqueue(
             t.delay_ms,
             t.max_attempts,
             t.dedup_key or "",
+            t.run_at_ms,
         )
     return [task_id.decode() for task_id in await ENQUEUE(client, keys, (), args)]
 
@@ -158,8 +164,8 @@ class Outcome:
 
     id: str
     token: int
-    kind: str  # "ok" | "retry" | "dead" | "back"
-    arg1: str | int = ""
+    kind: str  # "ok" | "retry" | "dead" | "halt" | "cancel" | "back"
+    arg1: str | int | bytes = ""
     arg2: str = ""
 
 
@@ -234,11 +240,73 @@ async def dead_rows(client: Redis, keys: QueueKeys, limit: int) -> list[DeadRow]
     return out
 
 
+LOST: Final = 0
+ALIVE: Final = 1
+CANCEL_REQUESTED: Final = 2
+
+
 async def heartbeat(
     client: Redis, keys: QueueKeys, leases: Sequence[tuple[str, int]], *, lease_ms: int
-) -> list[bool]:
-    """Extend *leases* (task id, token); return False for each one lost."""
+) -> list[int]:
+    """Extend *leases* (task id, token); return ALIVE, LOST or CANCEL_REQUESTED
+    for each."""
     args: list[EncodableT] = [lease_ms]
     for task_id, token in leases:
         args += (task_id, token)
-    return [code == 1 for code in await HEARTBEAT(client, keys, (), args)]
+    return [int(code) for code in await HEARTBEAT(client, keys, (), args)]
+
+
+NOT_FOUND: Final = 0
+CANCELLED: Final = 1
+REQUESTED: Final = 2
+FINISHED: Final = 3
+
+
+async def cancel(
+    client: Redis, keys: QueueKeys, task_id: str, *, retention_ms: int
+) -> int:
+    """Cancel *task_id*: NOT_FOUND, CANCELLED, REQUESTED (running) or FINISHED."""
+    return int(await CANCEL(client, keys, (), (retention_ms, task_id)))
+
+
+async def dead_action(
+    client: Redis, keys: QueueKeys, op: str, targets: Sequence[str]
+) -> int:
+    """``requeue``/``purge`` dead task ids or ``release`` halted groups; return
+    how many were acted on."""
+    if not targets:
+        return 0
+    return int(await DEAD(client, keys, (), (op, *targets)))
+
+
+async def dead_ids(client: Redis, keys: QueueKeys, limit: int) -> list[str]:
+    """The oldest *limit* dead task ids."""
+    ids: Any = await client.zrange(keys.dead, 0, limit - 1)
+    return [bytes(task_id).decode() for task_id in ids]
+
+
+async def wait_done(
+    client: Redis, keys: QueueKeys, task_id: str, timeout: float, block_cap: float
+) -> tuple[str | None, bytes | None, str]:
+    """Wait up to *timeout* s for *task_id* to end; return (state, result, reason).
+
+    ``wait.lua`` marks the task so that its end pushes a token on
+    ``done:<id>``; we block on that list instead of polling, and put the token
+    back so that other waiters wake too. *block_cap* keeps each blocking pop
+    under the client's socket timeout.
+    """
+    done = keys.done(task_id)
+    deadline = time.monotonic() + timeout
+    while True:
+        row: Any = await WAIT(client, keys, (), (task_id,))
+        if not row:
+            return None, None, ""
+        state = bytes(row[0]).decode()
+        if state not in ("queued", "delayed", "running"):
+            reason = bytes(row[2]).decode(errors="replace") if row[2] else ""
+            return state, row[1] or None, reason
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return state, None, ""
+        if await client.blpop([done], timeout=min(left, block_cap)) is not None:
+            await client.rpush(done, "1")

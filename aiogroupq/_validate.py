@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Final
 
 from .errors import InvalidGroupError, InvalidTaskError
@@ -73,3 +73,36 @@ def max_attempts(value: object) -> int | None:
 def to_ms(value: float) -> int:
     """Seconds to whole milliseconds, rounded up so nothing runs early."""
     return math.ceil(value * 1000)
+
+
+def run_at(value: object, delay: float | None) -> int:
+    """An aware datetime, not in the past and not with a delay, as Unix ms
+    (0 for None). The past is judged by this machine's clock; the due time
+    itself is compared with the Redis server's."""
+    if value is None:
+        return 0
+    if not isinstance(value, datetime):
+        raise InvalidTaskError(
+            "run_at", f"expected a datetime, got {type(value).__name__}"
+        )
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidTaskError(
+            "run_at",
+            f"{value!r} has no timezone: pass an aware datetime "
+            "(e.g. datetime.now(timezone.utc) + timedelta(minutes=5))",
+        )
+    if delay is not None:
+        raise InvalidTaskError("run_at", "give either delay or run_at, not both")
+    now = datetime.now(value.tzinfo)
+    if value < now:
+        raise InvalidTaskError(
+            "run_at", f"{value.isoformat()} is in the past (now {now.isoformat()})"
+        )
+    return math.ceil(value.timestamp() * 1000)
+
+
+def task_id(value: object) -> str:
+    """A task id as enqueue returns it (any non-empty str is looked up)."""
+    if not isinstance(value, str) or not value:
+        raise TypeError(f"task ids are non-empty str, got {value!r}")
+    return value

@@ -9,14 +9,14 @@ import logging
 import os
 import secrets
 import socket
-from collections.abc import AsyncGenerator, Generator, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Final, Self
+from typing import TYPE_CHECKING, Final, Self
 
 import anyio
-from anyio.abc import TaskStatus
+from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -24,10 +24,13 @@ from redis.exceptions import RedisError
 from . import _scripts
 from ._connection import RedisLike, open_client, socket_timeout
 from ._finisher import Finisher
-from ._handlers import Handler, build_routes
+from ._handlers import Handler, HandlerFunc, build_routes
 from ._keys import QueueKeys
 from ._runner import RetryPolicy, Running, run_task
 from .errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from .task import DeadLetter
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +50,7 @@ class ConsumerStats:
     succeeded: int
     retried: int
     dead: int
+    cancelled: int
     handed_back: int
     lease_lost: int
     running: int
@@ -91,6 +95,9 @@ class Consumer(anyio.AsyncContextManagerMixin):
         (doubling per attempt, with jitter)
     :param retry_backoff_max: cap of the retry delay in seconds
     :param claim_batch: most tasks claimed per round trip
+    :param on_dead: ``async def on_dead(letter)`` called after a task of this
+        consumer is dead-lettered (for alerts or a failure pipeline); its
+        errors are logged and do not affect the task
     :raises ConfigurationError: if an argument is unusable
     """
 
@@ -99,7 +106,7 @@ class Consumer(anyio.AsyncContextManagerMixin):
         redis: RedisLike,
         *,
         queue: str,
-        handlers: Mapping[str, Handler],
+        handlers: Mapping[str, HandlerFunc | Handler],
         concurrency: int = 64,
         lease_ttl: float | timedelta = 30.0,
         name: str | None = None,
@@ -108,6 +115,7 @@ class Consumer(anyio.AsyncContextManagerMixin):
         retry_backoff: float | timedelta = 1.0,
         retry_backoff_max: float | timedelta = 300.0,
         claim_batch: int = DEFAULT_CLAIM_BATCH,
+        on_dead: Callable[[DeadLetter], Awaitable[None]] | None = None,
     ) -> None:
         self._keys = QueueKeys(queue)
         self._routes = build_routes(handlers)
@@ -125,6 +133,14 @@ class Consumer(anyio.AsyncContextManagerMixin):
             not isinstance(name, str) or not name or len(name) > 200
         ):
             raise ConfigurationError(f"name must be 1-200 characters, got {name!r}")
+        if on_dead is not None and not callable(on_dead):
+            raise ConfigurationError(
+                f"on_dead must be an async callable, got {on_dead!r}"
+            )
+        self._on_dead = on_dead
+        self._dead_notices: dict[str, DeadLetter] = {}
+        self._side_tasks: TaskGroup | None = None
+        self._finisher: Finisher
         self._redis = redis
         self._concurrency = concurrency
         self._claim_batch = claim_batch
@@ -144,7 +160,16 @@ class Consumer(anyio.AsyncContextManagerMixin):
         self._stopping = False
         self._block_scope: anyio.CancelScope | None = None
         self._counts = dict.fromkeys(
-            ("claimed", "succeeded", "retried", "dead", "handed_back", "lease_lost"), 0
+            (
+                "claimed",
+                "succeeded",
+                "retried",
+                "dead",
+                "cancelled",
+                "handed_back",
+                "lease_lost",
+            ),
+            0,
         )
 
     @property
@@ -162,7 +187,7 @@ class Consumer(anyio.AsyncContextManagerMixin):
     @asynccontextmanager
     async def __asynccontextmanager__(self) -> AsyncGenerator[Self]:
         async with open_client(self._redis, retry=False) as client:
-            finisher = Finisher(
+            finisher = self._finisher = Finisher(
                 client,
                 self._keys,
                 retention_ms=self._retention_ms,
@@ -173,6 +198,7 @@ class Consumer(anyio.AsyncContextManagerMixin):
             )
             with _collapse_excgroups():
                 async with anyio.create_task_group() as outer:
+                    self._side_tasks = outer
                     outer.start_soon(finisher.run)
                     outer.start_soon(self._heartbeat_loop, client)
                     async with anyio.create_task_group() as inner:
@@ -338,7 +364,7 @@ class Consumer(anyio.AsyncContextManagerMixin):
                     self._hand_back(running, finisher)
                     continue
                 try:
-                    await run_task(running, self._routes, self._policy, finisher.submit)
+                    await run_task(running, self._routes, self._policy, self._submit)
                 finally:
                     if running.lost:
                         self._forget(running.claimed.id)
@@ -350,11 +376,26 @@ class Consumer(anyio.AsyncContextManagerMixin):
         claimed = running.claimed
         finisher.submit(_scripts.Outcome(claimed.id, claimed.token, "back"))
 
+    def _submit(self, outcome: _scripts.Outcome, notice: DeadLetter | None) -> None:
+        if notice is not None and self._on_dead is not None:
+            self._dead_notices[outcome.id] = notice
+        self._finisher.submit(outcome)
+
+    async def _call_on_dead(self, notice: DeadLetter) -> None:
+        assert self._on_dead is not None
+        try:
+            await self._on_dead(notice)
+        except Exception:
+            logger.exception("on_dead callback failed for task %s", notice.id)
+
     def _forget(self, task_id: str) -> None:
         self._running.pop(task_id, None)
 
     def _recorded(self, outcome: _scripts.Outcome, code: int) -> None:
         self._forget(outcome.id)
+        notice = self._dead_notices.pop(outcome.id, None)
+        if notice is not None and code == _scripts.APPLIED and self._side_tasks:
+            self._side_tasks.start_soon(self._call_on_dead, notice)
         if code == _scripts.LEASE_LOST:
             self._counts["lease_lost"] += 1
             logger.warning(
@@ -368,6 +409,8 @@ class Consumer(anyio.AsyncContextManagerMixin):
             "ok": "succeeded",
             "retry": "retried",
             "dead": "dead",
+            "halt": "dead",
+            "cancel": "cancelled",
             "back": "handed_back",
         }[outcome.kind]
         self._counts[key] += 1
@@ -395,13 +438,16 @@ class Consumer(anyio.AsyncContextManagerMixin):
                 logger.warning("heartbeat failed (%s)", exc)
                 continue
             deadline = sent_at + self._local_lease()
-            for running, ok in zip(snapshot, alive, strict=True):
+            for running, code in zip(snapshot, alive, strict=True):
                 if self._running.get(running.claimed.id) is not running:
                     continue  # finished while the heartbeat was in flight
-                if ok:
-                    running.lease_scope.deadline = deadline
-                else:
+                if code == _scripts.LOST:
                     running.lost = True
+                    running.lease_scope.cancel()
+                    continue
+                running.lease_scope.deadline = deadline
+                if code == _scripts.CANCEL_REQUESTED and not running.cancel_requested:
+                    running.cancel_requested = True
                     running.lease_scope.cancel()
 
 

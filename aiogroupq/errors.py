@@ -10,6 +10,9 @@ The hierarchy::
     │   ├── UnencodablePayloadError MessagePack cannot encode the payload
     │   └── UnknownTaskTypeError    not among the producer's declared task types
     ├── TaskNotFoundError           no task with that id (or it expired)
+    ├── TaskFailedError             the awaited task was dead-lettered
+    ├── TaskCancelledError          the awaited task was cancelled
+    ├── NoResultError               the awaited task's type stores no result
     └── LeaseLostError              our fencing token no longer owns the task
 
 :class:`Retry` is not an error: a handler raises it to ask for another attempt.
@@ -23,8 +26,11 @@ __all__ = (
     "InvalidGroupError",
     "InvalidTaskError",
     "LeaseLostError",
+    "NoResultError",
     "PayloadTooLargeError",
     "Retry",
+    "TaskCancelledError",
+    "TaskFailedError",
     "TaskNotFoundError",
     "UnencodablePayloadError",
     "UnknownTaskTypeError",
@@ -100,6 +106,37 @@ class TaskNotFoundError(AiogroupqError, LookupError):
 
     def __init__(self, task_id: str) -> None:
         super().__init__(f"no task {task_id!r} in this queue (unknown or expired)")
+        self.task_id = task_id
+
+
+class TaskFailedError(AiogroupqError):
+    """The task whose result was awaited was dead-lettered.
+
+    :ivar reason: the dead-letter reason (error type and message)
+    """
+
+    def __init__(self, task_id: str, reason: str) -> None:
+        super().__init__(f"task {task_id!r} was dead-lettered: {reason}")
+        self.task_id = task_id
+        self.reason = reason
+
+
+class TaskCancelledError(AiogroupqError):
+    """The task whose result was awaited was cancelled."""
+
+    def __init__(self, task_id: str) -> None:
+        super().__init__(f"task {task_id!r} was cancelled")
+        self.task_id = task_id
+
+
+class NoResultError(AiogroupqError):
+    """The task succeeded but its type stores no result."""
+
+    def __init__(self, task_id: str) -> None:
+        super().__init__(
+            f"task {task_id!r} succeeded but stored no result: give its handler "
+            "aiogroupq.Handler(..., store_result=True) on the consumer"
+        )
         self.task_id = task_id
 
 

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-__all__ = ("DeadLetter", "Producer")
+__all__ = ("Producer",)
 
 import time
 from collections.abc import AsyncGenerator, Iterable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Final, Self
 
 import anyio
@@ -16,16 +15,21 @@ import msgspec
 from redis.asyncio import Redis
 
 from . import _scripts, _validate
-from ._codec import encode_payload, pack, unpack
-from ._connection import RedisLike, open_client
+from ._codec import encode_payload, pack, payload_decoder, unpack
+from ._connection import RedisLike, open_client, socket_timeout
 from ._keys import QueueKeys
 from .errors import (
     ConfigurationError,
+    InvalidGroupError,
+    NoResultError,
     PayloadTooLargeError,
+    TaskCancelledError,
+    TaskFailedError,
+    TaskNotFoundError,
     UnencodablePayloadError,
     UnknownTaskTypeError,
 )
-from .task import Envelope, Task, TaskState, new_task_id
+from .task import DeadLetter, Envelope, Task, TaskState, new_task_id
 
 #: default ``max_payload_bytes``: 512 KiB of encoded MessagePack
 DEFAULT_MAX_PAYLOAD_BYTES: Final = 512 * 1024
@@ -33,30 +37,20 @@ DEFAULT_MAX_PAYLOAD_BYTES: Final = 512 * 1024
 DEFAULT_MAX_ATTEMPTS: Final = 3
 #: default deduplication window in seconds (SQS FIFO's)
 DEFAULT_DEDUP_WINDOW: Final = 300.0
+#: default retention of succeeded and cancelled tasks' states, in seconds
+DEFAULT_RETENTION: Final = 3600.0
 
 
-@dataclass(frozen=True, slots=True)
-class DeadLetter:
-    """A dead-lettered task, as :meth:`Producer.dead_letters` returns it.
-
-    :ivar id: the task id
-    :ivar type: the task type
-    :ivar group: its group key, or ``None``
-    :ivar payload: the payload, decoded as builtins (``None`` if undecodable)
-    :ivar reason: why it was dead-lettered (error type and message)
-    :ivar traceback: the handler's traceback, or ``""``
-    :ivar attempts: attempts that ran
-    :ivar dead_at: when, in Unix seconds (Redis server clock)
-    """
-
-    id: str
-    type: str
-    group: str | None
-    payload: Any
-    reason: str
-    traceback: str
-    attempts: int
-    dead_at: float
+def _config_seconds(name: str, value: object) -> float:
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not (0 <= value < 10**9)
+    ):
+        raise ConfigurationError(f"{name} must be seconds >= 0, got {value!r}")
+    return float(value)
 
 
 class Producer(anyio.AsyncContextManagerMixin):
@@ -71,6 +65,8 @@ class Producer(anyio.AsyncContextManagerMixin):
         (:class:`~aiogroupq.UnknownTaskTypeError`) before any I/O
     :param default_max_attempts: ``max_attempts`` of tasks that do not set it
     :param dedup_window: seconds during which a ``dedup_key`` is remembered
+    :param retention: seconds a task cancelled through this producer stays
+        readable
     :raises ConfigurationError: if an argument is unusable
     """
 
@@ -83,6 +79,7 @@ class Producer(anyio.AsyncContextManagerMixin):
         task_types: Iterable[str] | None = None,
         default_max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         dedup_window: float | timedelta = DEFAULT_DEDUP_WINDOW,
+        retention: float | timedelta = DEFAULT_RETENTION,
     ) -> None:
         self._keys = QueueKeys(queue)
         if (
@@ -101,19 +98,9 @@ class Producer(anyio.AsyncContextManagerMixin):
             raise ConfigurationError(
                 f"default_max_attempts must be an int >= 1, got {default_max_attempts!r}"
             )
-        window = (
-            dedup_window.total_seconds()
-            if isinstance(dedup_window, timedelta)
-            else dedup_window
-        )
-        if (
-            isinstance(window, bool)
-            or not isinstance(window, int | float)
-            or not (0 < window < 10**9)
-        ):
-            raise ConfigurationError(
-                f"dedup_window must be a positive number of seconds, got {dedup_window!r}"
-            )
+        window = _config_seconds("dedup_window", dedup_window)
+        if window == 0:
+            raise ConfigurationError("dedup_window must be > 0 seconds")
         if not isinstance(redis, str | Redis):
             raise ConfigurationError(
                 f"expected a redis:// URL or a redis.asyncio.Redis client, got {redis!r}"
@@ -122,7 +109,8 @@ class Producer(anyio.AsyncContextManagerMixin):
         self._max_payload_bytes = max_payload_bytes
         self._task_types = None if task_types is None else frozenset(task_types)
         self._default_max_attempts = default_max_attempts
-        self._dedup_window_ms = _validate.to_ms(float(window))
+        self._dedup_window_ms = _validate.to_ms(window)
+        self._retention_ms = _validate.to_ms(_config_seconds("retention", retention))
         self._client: Redis | None = None
 
     @property
@@ -156,6 +144,7 @@ class Producer(anyio.AsyncContextManagerMixin):
         dedup_key: str | None = None,
         max_attempts: int | None = None,
         timeout: float | timedelta | None = None,
+        run_at: datetime | None = None,
     ) -> str:
         """Enqueue one task and return its id.
 
@@ -171,6 +160,8 @@ class Producer(anyio.AsyncContextManagerMixin):
         :param max_attempts: runs before the task is dead-lettered
         :param timeout: seconds one attempt may run before it is cancelled and
             counted as failed
+        :param run_at: an aware datetime before which the task may not start
+            (instead of *delay*); compared with the Redis server's clock
         :return: the task id (the first task's, when deduplicated)
         :raises InvalidTaskError: (or a subclass) for a bad argument; nothing
             is written to Redis
@@ -184,6 +175,7 @@ class Producer(anyio.AsyncContextManagerMixin):
                 dedup_key=dedup_key,
                 max_attempts=max_attempts,
                 timeout=timeout,
+                run_at=run_at,
             )
         )
         ids = await _scripts.enqueue(
@@ -255,6 +247,7 @@ class Producer(anyio.AsyncContextManagerMixin):
             delay_ms=0 if delay is None else _validate.to_ms(delay),
             max_attempts=attempts,
             dedup_key=dedup_key,
+            run_at_ms=_validate.run_at(task.run_at, delay),
         )
 
     async def status(self, task_id: str) -> TaskState | None:
@@ -263,10 +256,117 @@ class Producer(anyio.AsyncContextManagerMixin):
         Terminal states stay readable for the consumer's ``retention`` window
         (dead letters until purged).
         """
-        if not isinstance(task_id, str):
-            raise TypeError(f"task_id must be a str, got {type(task_id).__name__}")
-        state = await _scripts.task_state(self._open_client(), self._keys, task_id)
+        state = await _scripts.task_state(
+            self._open_client(), self._keys, _validate.task_id(task_id)
+        )
         return None if state is None else TaskState(state)
+
+    async def cancel(self, task_id: str) -> bool:
+        """Cancel a task wherever it waits (ready, behind its group, delayed).
+
+        A running task cannot be stopped from here: its consumer is asked to
+        cancel the handler, which happens at its next heartbeat
+        (``lease_ttl / 3``), and the task then ends ``cancelled``.
+
+        :return: True if the task is now cancelled or will be, False if it had
+            already finished
+        :raises TaskNotFoundError: for an unknown (or expired) id
+        """
+        code = await _scripts.cancel(
+            self._open_client(),
+            self._keys,
+            _validate.task_id(task_id),
+            retention_ms=self._retention_ms,
+        )
+        if code == _scripts.NOT_FOUND:
+            raise TaskNotFoundError(task_id)
+        return code != _scripts.FINISHED
+
+    async def result(
+        self,
+        task_id: str,
+        *,
+        timeout: float | timedelta | None = None,
+        result_type: Any = Any,
+    ) -> Any:
+        """Wait for a task to end and return its handler's return value.
+
+        Only task types whose handler is registered with
+        ``aiogroupq.Handler(..., store_result=True)`` store results. Waiting
+        blocks on a per-task list that the task's end feeds; it does not poll.
+
+        :param timeout: seconds to wait (None: forever)
+        :param result_type: decode the result into this type (default builtins)
+        :raises TimeoutError: if the task has not ended within *timeout*
+        :raises TaskNotFoundError: for an unknown (or expired) id
+        :raises TaskFailedError: if the task was dead-lettered
+        :raises TaskCancelledError: if it was cancelled
+        :raises NoResultError: if it succeeded but stored no result
+        """
+        limit = _validate.seconds("timeout", timeout, allow_zero=True)
+        client = self._open_client()
+        block_cap = 1.0
+        if (socket_limit := socket_timeout(client)) is not None:
+            block_cap = max(0.05, min(1.0, socket_limit / 2))
+        state, result, reason = await _scripts.wait_done(
+            client,
+            self._keys,
+            _validate.task_id(task_id),
+            timeout=float("inf") if limit is None else limit,
+            block_cap=block_cap,
+        )
+        if state is None:
+            raise TaskNotFoundError(task_id)
+        if state == TaskState.SUCCEEDED:
+            if result is None:
+                raise NoResultError(task_id)
+            return payload_decoder(result_type).decode(result)
+        if state == TaskState.DEAD:
+            raise TaskFailedError(task_id, reason)
+        if state == TaskState.CANCELLED:
+            raise TaskCancelledError(task_id)
+        raise TimeoutError(f"task {task_id!r} is still {state} after {limit}s")
+
+    async def requeue_dead(self, *task_ids: str) -> int:
+        """Run dead-lettered tasks again, each at the front of its group with a
+        fresh set of attempts (a group halted by it resumes with it).
+
+        :return: how many of *task_ids* were dead and were requeued
+        """
+        ids = [_validate.task_id(t) for t in task_ids]
+        return await _scripts.dead_action(
+            self._open_client(), self._keys, "requeue", ids
+        )
+
+    async def purge_dead(self, *task_ids: str) -> int:
+        """Delete dead letters: the given ones, or all when none is given.
+
+        A group halted by a purged task passes on to its next task.
+
+        :return: how many dead letters were deleted
+        """
+        client = self._open_client()
+        if task_ids:
+            ids = [_validate.task_id(t) for t in task_ids]
+            return await _scripts.dead_action(client, self._keys, "purge", ids)
+        total = 0
+        while batch := await _scripts.dead_ids(client, self._keys, 500):
+            total += await _scripts.dead_action(client, self._keys, "purge", batch)
+        return total
+
+    async def release_group(self, group: str) -> bool:
+        """Let a group halted by a dead-lettered task (``on_dead="halt"``)
+        continue with its next task; the dead task stays dead.
+
+        :return: False if the group was not halted
+        """
+        checked = _validate.group(group)
+        if checked is None:
+            raise InvalidGroupError(group, "is None; name the halted group")
+        done = await _scripts.dead_action(
+            self._open_client(), self._keys, "release", [checked]
+        )
+        return done == 1
 
     async def dead_letters(self, *, limit: int = 100) -> list[DeadLetter]:
         """The oldest *limit* dead-lettered tasks of the queue, oldest first."""

@@ -3,14 +3,14 @@
 
 from __future__ import annotations
 
-__all__ = ("Task", "TaskInfo", "TaskState", "current_task")
+__all__ = ("DeadLetter", "Task", "TaskInfo", "TaskState", "current_task")
 
 import contextvars
 import enum
 import random
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Final
 
 import msgspec
@@ -49,6 +49,8 @@ class Task:
         first task's id
     :param max_attempts: attempts before the task is dead-lettered (default 3)
     :param timeout: seconds a single attempt may run
+    :param run_at: an aware datetime before which the task may not start
+        (instead of *delay*)
     """
 
     task_type: str
@@ -58,6 +60,7 @@ class Task:
     dedup_key: str | None = None
     max_attempts: int | None = None
     timeout: float | timedelta | None = None
+    run_at: datetime | None = None
 
     def __init__(  # positional task_type and payload, like enqueue()
         self,
@@ -69,6 +72,7 @@ class Task:
         dedup_key: str | None = None,
         max_attempts: int | None = None,
         timeout: float | timedelta | None = None,
+        run_at: datetime | None = None,
     ) -> None:
         object.__setattr__(self, "task_type", task_type)
         object.__setattr__(self, "payload", payload)
@@ -77,6 +81,7 @@ class Task:
         object.__setattr__(self, "dedup_key", dedup_key)
         object.__setattr__(self, "max_attempts", max_attempts)
         object.__setattr__(self, "timeout", timeout)
+        object.__setattr__(self, "run_at", run_at)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +106,30 @@ class TaskInfo:
     fencing_token: int
     enqueued_at: float
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A dead-lettered task, as :meth:`Producer.dead_letters` returns it.
+
+    :ivar id: the task id
+    :ivar type: the task type
+    :ivar group: its group key, or ``None``
+    :ivar payload: the payload, decoded as builtins (``None`` if undecodable)
+    :ivar reason: why it was dead-lettered (error type and message)
+    :ivar traceback: the handler's traceback, or ``""``
+    :ivar attempts: attempts that ran
+    :ivar dead_at: when, in Unix seconds (Redis server clock)
+    """
+
+    id: str
+    type: str
+    group: str | None
+    payload: Any
+    reason: str
+    traceback: str
+    attempts: int
+    dead_at: float
 
 
 _current: Final[contextvars.ContextVar[TaskInfo]] = contextvars.ContextVar(

@@ -13,9 +13,11 @@
 
   Group invariant kept by every script: the lock key of group g exists exactly
   while g has a task that is running (value = fencing token), or that is its
-  head waiting in the ready list or in its retry backoff (value = "@" .. id).
-  Every later task of g waits in park:g, oldest first. So a group has at most
-  one entry in the ready list, and the claim never scans past a busy group.
+  head waiting in the ready list or in its retry backoff (value = "@" .. id),
+  or while g is halted by a dead-lettered head (value = "!" .. id, the "halt"
+  policy, until an operator requeues or releases it). Every later task of g
+  waits in park:g, oldest first. So a group has at most one entry in the ready
+  list, and the claim never scans past a busy group.
 ]]
 local K_READY, K_DELAYED, K_LEASES, K_WAKE, K_FENCE, K_DEAD =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
@@ -27,6 +29,7 @@ local function k_lock(g) return PREFIX .. 'lock:' .. g end
 local function k_park(g) return PREFIX .. 'park:' .. g end
 local function k_inflight(c) return PREFIX .. 'inflight:' .. c end
 local function k_dedup(d) return PREFIX .. 'dedup:' .. d end
+local function k_done(id) return PREFIX .. 'done:' .. id end
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -86,12 +89,42 @@ local function drop_lease(id, owner)
   if owner then redis.call('SREM', k_inflight(owner), id) end
 end
 
--- Terminal state "dead": keep the envelope for inspection and requeue.
-local function bury(id, g, now, reason, trace)
+-- Wake whoever waits for this task's end (Producer.result), if anyone does:
+-- a waiter marks the task with field w before it blocks on done:<id>.
+local function notify(id, key)
+  if redis.call('HEXISTS', key, 'w') == 1 then
+    local done = k_done(id)
+    redis.call('RPUSH', done, '1')
+    redis.call('PEXPIRE', done, 300000)
+  end
+end
+
+-- A terminal state that expires after the retention window (0: at once).
+local function conclude(id, state, now, retention)
+  local key = k_task(id)
+  notify(id, key)
+  if retention > 0 then
+    redis.call('HSET', key, 's', state, 'ft', now)
+    redis.call('HDEL', key, 'e', 'c')
+    redis.call('PEXPIRE', key, retention)
+  else
+    redis.call('DEL', key)
+  end
+end
+
+-- Terminal state "dead": keep the envelope for inspection and requeue, until
+-- purged. With halt, the group stops behind it (lock "!" .. id) instead of
+-- passing on. Returns true if the ready list grew.
+local function bury(id, g, now, reason, trace, halt)
   local key = k_task(id)
   redis.call('HSET', key, 's', 'dead', 'x', reason, 'tb', trace, 'ft', now)
   redis.call('HDEL', key, 'c')
   redis.call('ZADD', K_DEAD, now, id)
+  notify(id, key)
+  if halt and g then
+    redis.call('SET', k_lock(g), '!' .. id)
+    return false
+  end
   return release(g)
 end
 

@@ -2,13 +2,15 @@
   KEYS[1..6]  the common keys (see _lib.lua)
   ARGV[1]     key prefix
   ARGV[2]     deduplication window in ms
-  ARGV[3]     n, the number of tasks; then 6 arguments per task:
+  ARGV[3]     n, the number of tasks; then 7 arguments per task:
     id            client-made task id
     group         group key, or "" for none
     envelope      MessagePack envelope (opaque here)
     delay_ms      0 for none, else milliseconds from now (server clock)
     max_attempts  integer >= 1
     dedup_key     "" for none
+    run_at_ms     0 for none, else the due time in Unix ms (server clock);
+                  wins over delay_ms
   returns  one id per task: its own, or, when its dedup key was used by a task
            enqueued within the window (also earlier in this batch), that
            task's id and nothing is written. A task whose id already exists is
@@ -18,13 +20,13 @@
            order (see route()); a delayed one waits in the delayed ZSET.
 ]]
 local window, n = tonumber(ARGV[2]), tonumber(ARGV[3])
-if not window or not n or #ARGV ~= 3 + 6 * n then
+if not window or not n or #ARGV ~= 3 + 7 * n then
   return redis.error_reply('ERR aiogroupq enqueue: malformed arguments')
 end
 -- Validate everything before the first write: scripts do not roll back.
 for i = 0, n - 1 do
-  local b = 4 + 6 * i
-  if not tonumber(ARGV[b + 3]) or not tonumber(ARGV[b + 4]) then
+  local b = 4 + 7 * i
+  if not tonumber(ARGV[b + 3]) or not tonumber(ARGV[b + 4]) or not tonumber(ARGV[b + 6]) then
     return redis.error_reply('ERR aiogroupq enqueue: malformed task arguments')
   end
 end
@@ -34,9 +36,11 @@ local ids, readied, earliest_changed = {}, 0, false
 local first = redis.call('ZRANGE', K_DELAYED, 0, 0, 'WITHSCORES')
 local earliest = first[2] and tonumber(first[2]) or nil
 for i = 0, n - 1 do
-  local b = 4 + 6 * i
+  local b = 4 + 7 * i
   local id, g, env = ARGV[b], ARGV[b + 1], ARGV[b + 2]
   local delay, max_attempts, dedup = tonumber(ARGV[b + 3]), ARGV[b + 4], ARGV[b + 5]
+  local run_at = tonumber(ARGV[b + 6])
+  if run_at > 0 then delay = run_at - now end
   local key = k_task(id)
   if dedup ~= '' then
     local dkey = k_dedup(dedup)
@@ -58,7 +62,7 @@ for i = 0, n - 1 do
       redis.call('HSET', key, 'e', env, 'm', max_attempts, 'a', 0, 's', state)
     end
     if delay > 0 then
-      local due = now + delay
+      local due = run_at > 0 and run_at or now + delay
       redis.call('ZADD', K_DELAYED, due, id)
       if not earliest or due < earliest then
         earliest, earliest_changed = due, true

@@ -1,16 +1,21 @@
 --[[ finish.lua: apply a batch of attempt outcomes, each fenced by its token.
   KEYS[1..6]  the common keys (see _lib.lua)
   ARGV[1]     key prefix
-  ARGV[2]     retention of succeeded tasks in ms (0: forget them at once)
+  ARGV[2]     retention of succeeded and cancelled tasks in ms (0: forget
+              them at once)
   ARGV[3]     n, the number of outcomes; then 5 arguments per outcome:
     id, token  the task and the fencing token its claim handed out
-    kind       "ok"     succeeded
-               "retry"  run again after arg1 ms (counts as an attempt); arg2 is
-                        the error that caused it. A grouped task keeps its
-                        group: no later task of the group starts before it.
-               "dead"   dead-letter with reason arg1 and traceback arg2
-               "back"   hand back unfinished (shutdown): front of its group,
-                        the attempt not counted
+    kind       "ok"      succeeded; arg1 is the encoded result to keep, or ""
+               "retry"   run again after arg1 ms (counts as an attempt); arg2
+                         is the error that caused it. A grouped task keeps its
+                         group: no later task of the group starts before it.
+               "dead"    dead-letter with reason arg1 and traceback arg2; the
+                         group passes on to its next task
+               "halt"    the same, but the group stops behind the dead task
+                         until an operator requeues it or releases the group
+               "cancel"  cancelled on request while running
+               "back"    hand back unfinished (shutdown): front of its group,
+                         the attempt not counted
     arg1, arg2 as above ("" where unused)
   returns  one code per outcome: 1 applied, 2 already applied by an earlier
            call with this token (a re-sent batch), 0 refused: the lease was
@@ -24,7 +29,8 @@ for i = 0, n - 1 do
   local kind = ARGV[4 + 5 * i + 2]
   if kind == 'retry' and not tonumber(ARGV[4 + 5 * i + 3]) then
     return redis.error_reply('ERR aiogroupq finish: malformed retry delay')
-  elseif kind ~= 'ok' and kind ~= 'retry' and kind ~= 'dead' and kind ~= 'back' then
+  elseif not (kind == 'ok' or kind == 'retry' or kind == 'dead' or kind == 'halt'
+      or kind == 'cancel' or kind == 'back') then
     return redis.error_reply('ERR aiogroupq finish: unknown outcome ' .. tostring(kind))
   end
 end
@@ -43,13 +49,11 @@ for i = 0, n - 1 do
     redis.call('HDEL', key, 'c')
     if kind == 'ok' then
       if release(g) then readied = readied + 1 end
-      if retention > 0 then
-        redis.call('HSET', key, 's', 'succeeded', 'ft', now)
-        redis.call('HDEL', key, 'e')
-        redis.call('PEXPIRE', key, retention)
-      else
-        redis.call('DEL', key)
-      end
+      if arg1 ~= '' then redis.call('HSET', key, 'r', arg1) end
+      conclude(id, 'succeeded', now, retention)
+    elseif kind == 'cancel' then
+      if release(g) then readied = readied + 1 end
+      conclude(id, 'cancelled', now, retention)
     elseif kind == 'retry' then
       local delay = tonumber(arg1)
       redis.call('HSET', key, 'x', arg2)
@@ -63,8 +67,8 @@ for i = 0, n - 1 do
         redis.call('ZADD', K_DELAYED, now + delay, id)
         redis.call('HSET', key, 's', 'delayed')
       end
-    elseif kind == 'dead' then
-      if bury(id, g, now, arg1, arg2) then readied = readied + 1 end
+    elseif kind == 'dead' or kind == 'halt' then
+      if bury(id, g, now, arg1, arg2, kind == 'halt') then readied = readied + 1 end
     else -- back
       redis.call('HINCRBY', key, 'a', -1)
       requeue_front(id, g)

@@ -4,7 +4,8 @@
   ARGV[2]     lease duration in ms, counted from now (server clock)
   ARGV[3..]   pairs: task id, fencing token
   returns  one code per pair: 1 extended, 0 lost (the token no longer owns a
-           running task: the lease expired and was recovered, or was taken)
+           running task: the lease expired and was recovered, or was taken),
+           2 extended but cancellation was requested (Producer.cancel)
 ]]
 local lease_ms = tonumber(ARGV[2])
 if not lease_ms or #ARGV % 2 ~= 0 then
@@ -14,10 +15,10 @@ local deadline = now_ms() + lease_ms
 local codes = {}
 for b = 3, #ARGV, 2 do
   local id = ARGV[b]
-  local f = redis.call('HMGET', k_task(id), 'k', 's')
+  local f = redis.call('HMGET', k_task(id), 'k', 's', 'cx')
   if f[1] == ARGV[b + 1] and f[2] == 'running' then
     redis.call('ZADD', K_LEASES, 'XX', deadline, id)
-    codes[#codes + 1] = 1
+    codes[#codes + 1] = f[3] and 2 or 1
   else
     codes[#codes + 1] = 0
   end

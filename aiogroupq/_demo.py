@@ -1,0 +1,448 @@
+"""``aiogroupq demo``: a mixed workload, consumed by worker processes, verified.
+
+The parent enqueues the plan (a few hot groups holding a large share, many
+small groups, ungrouped tasks) and runs ``aiogroupq worker
+aiogroupq._demo:worker --processes N``. Every handler journals its start and
+end in one Lua call that takes a number from a global logical clock (``INCR``)
+and the server's ``TIME``. The parent reads the journal after the workers have
+stopped and checks, without trusting the library's own bookkeeping: each task
+started once and ended once, a group's tasks started in enqueue order, and no
+task of a group started while another one of it was running. It also checks
+that every task's state is ``succeeded``.
+"""
+
+from __future__ import annotations
+
+__all__ = ("Job", "Verdict", "make_plan", "run_demo", "verify", "worker")
+
+import random
+import secrets
+import subprocess
+import sys
+import tempfile
+from collections import Counter, defaultdict, deque
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Final
+
+import anyio
+import msgspec
+import redis.asyncio
+from anyio.abc import Process
+from redis.exceptions import RedisError
+
+import aiogroupq
+
+from ._embedded import EmbeddedServer, EmbeddedServerError
+from ._keys import QueueKeys
+
+#: tasks per ``enqueue_many`` round trip
+BATCH: Final = 1_000
+#: give up when no task completes for this long (a lost task would hang us)
+STALL_TIMEOUT: Final = 60.0
+
+# One atomic step: a clock tick, the server time, and the record. Its keys
+# share a hash tag outside the queue's own ``{aiogroupq:<queue>}`` prefix.
+_JOURNAL_LUA: Final = """
+local clock = redis.call('INCR', KEYS[1])
+local now = redis.call('TIME')
+redis.call('RPUSH', KEYS[2], clock .. ' ' .. now[1] .. ' ' .. now[2] .. ' ' .. ARGV[1])
+if ARGV[2] == 'e' then redis.call('INCR', KEYS[3]) end
+return clock
+"""
+
+
+class Job(msgspec.Struct, array_like=True, frozen=True):
+    """A demo task's payload.
+
+    :ivar i: the task's index in the enqueue plan
+    :ivar group: its group, or ``None``
+    :ivar seq: its position among its group's tasks, from 0 (0 if ungrouped)
+    :ivar work_us: simulated work in microseconds (0: just yield once)
+    """
+
+    i: int
+    group: str | None
+    seq: int
+    work_us: int
+    type: str
+
+
+def journal_keys(queue: str) -> tuple[str, str, str]:
+    """The clock, journal and done-counter keys of a demo queue."""
+    tag = f"{{aiogroupq-demo:{queue}}}"
+    return f"{tag}:clock", f"{tag}:journal", f"{tag}:done"
+
+
+@asynccontextmanager
+async def worker(
+    *, redis_url: str, queue: str | None, concurrency: int
+) -> AsyncIterator[aiogroupq.Consumer]:
+    """The demo's Consumer factory for ``aiogroupq worker``.
+
+    :param redis_url: the server
+    :param queue: the demo queue (required)
+    :param concurrency: handlers at once
+    """
+    if queue is None:
+        raise aiogroupq.ConfigurationError("the demo worker needs --queue")
+    keys = journal_keys(queue)
+    client = redis.asyncio.Redis.from_url(redis_url)
+    journal = client.register_script(_JOURNAL_LUA)
+
+    async def record(event: str, job: Job) -> None:
+        attempt = aiogroupq.current_task().attempt
+        entry = f"{event} {job.i} {job.seq} {attempt} {job.group or '-'}"
+        await journal(keys=keys, args=[entry, event])
+
+    async def handle(job: Job) -> None:
+        await record("s", job)
+        # Mostly instant, a few take up to 2 ms: like real I/O-bound jobs.
+        await anyio.sleep(job.work_us / 1_000_000)
+        await record("e", job)
+
+    handlers = {"import_rows": handle, "send_mail": handle, "resize_image": handle}
+    try:
+        yield aiogroupq.Consumer(
+            redis_url,
+            queue=queue,
+            handlers=handlers,
+            concurrency=concurrency,
+            grace_period=10.0,
+        )
+    finally:
+        await client.aclose()
+
+
+# -- the workload ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The tasks in enqueue order, and how they were drawn."""
+
+    jobs: list[Job]
+    hot_groups: int
+    hot_each: int
+    cold_groups: int
+    cold_tasks: int
+    ungrouped: int
+
+    def describe(self) -> str:
+        """One line for the reader."""
+        return (
+            f"{len(self.jobs):,} tasks: {self.hot_groups} hot groups x "
+            f"{self.hot_each:,}, {self.cold_tasks:,} over {self.cold_groups:,} "
+            f"groups, {self.ungrouped:,} ungrouped"
+        )
+
+
+def make_plan(tasks: int, groups: int, rng: random.Random) -> Plan:
+    """Draw the workload: 3 hot groups of 5 % each, 20 % ungrouped, the rest
+    spread over the other groups, all shuffled together.
+
+    :param tasks: how many tasks
+    :param groups: how many groups
+    :param rng: the random source
+    """
+    ungrouped = tasks // 5
+    grouped = tasks - ungrouped
+    hot_groups = min(3, groups)
+    hot_each = min(tasks // 20, grouped // hot_groups)
+    hot = [f"tenant-{k:04d}:bulk-import" for k in range(hot_groups)]
+    cold = [f"tenant-{k:04d}:orders" for k in range(hot_groups, groups)]
+    cold_tasks = grouped - hot_groups * hot_each
+    labels: list[str | None] = [g for g in hot for _ in range(hot_each)]
+    spread = cold or hot  # with 3 groups or fewer, everything is hot
+    labels += spread[: min(cold_tasks, len(spread))]  # each group at least once
+    labels += rng.choices(spread, k=cold_tasks - min(cold_tasks, len(spread)))
+    labels += [None] * ungrouped
+    rng.shuffle(labels)
+    seqs: Counter[str] = Counter()
+    jobs = []
+    for i, group in enumerate(labels):
+        seq = 0
+        if group is not None:
+            seq = seqs[group]
+            seqs[group] += 1
+        work = rng.randint(0, 2_000) if rng.random() < 0.05 else 0
+        kind = "import_rows" if group else rng.choice(("send_mail", "resize_image"))
+        jobs.append(Job(i, group, seq, work, kind))
+    return Plan(jobs, hot_groups, hot_each, len(cold), cold_tasks, ungrouped)
+
+
+# -- verification --------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What the journal shows.
+
+    :ivar ran: tasks that started at least once
+    :ivar ran_twice: tasks that started more than once
+    :ivar never_ran: tasks that never started
+    :ivar unfinished: tasks whose starts and ends do not pair up
+    :ivar order_violations: starts of a group's task after a later task of the
+        group had started (or journal records that do not match the plan)
+    :ivar overlaps: starts of a group's task while another one of it ran
+    :ivar span_s: first start to last end, on the server's clock
+    """
+
+    ran: int
+    ran_twice: int
+    never_ran: int
+    unfinished: int
+    order_violations: int
+    overlaps: int
+    span_s: float
+
+    @property
+    def ok(self) -> bool:
+        """Every task ran exactly once, in order, one at a time per group."""
+        return not (
+            self.ran_twice
+            or self.never_ran
+            or self.unfinished
+            or self.order_violations
+            or self.overlaps
+        )
+
+
+def verify(jobs: Sequence[Job], journal: Sequence[bytes | str]) -> Verdict:
+    """Check the journal against the plan.
+
+    :param jobs: the plan, in enqueue order
+    :param journal: records ``clock sec usec event i seq attempt group``
+    """
+    starts: Counter[int] = Counter()
+    ends: Counter[int] = Counter()
+    order = overlaps = 0
+    highest: dict[str, int] = {}
+    running: defaultdict[str, set[int]] = defaultdict(set)
+    first_us = last_us = 0
+    records = [
+        (raw.decode() if isinstance(raw, bytes) else raw).split(" ", 7)
+        for raw in journal
+    ]
+    for _clock, sec, usec, event, i_, seq_, _attempt, group_ in sorted(
+        records, key=lambda r: int(r[0])
+    ):
+        i, seq, at_us = int(i_), int(seq_), int(sec) * 1_000_000 + int(usec)
+        group = None if group_ == "-" else group_
+        if not 0 <= i < len(jobs) or (jobs[i].group, jobs[i].seq) != (group, seq):
+            order += 1  # a record the plan does not know: a corrupt payload
+            continue
+        if event == "e":
+            ends[i] += 1
+            last_us = max(last_us, at_us)
+            if group is not None:
+                running[group].discard(i)
+            continue
+        starts[i] += 1
+        first_us = at_us if not first_us else min(first_us, at_us)
+        if group is None:
+            continue
+        if running[group]:
+            overlaps += 1
+        running[group].add(i)
+        if seq < highest.get(group, -1):
+            order += 1
+        highest[group] = max(seq, highest.get(group, -1))
+    return Verdict(
+        ran=len(starts),
+        ran_twice=sum(1 for n in starts.values() if n > 1),
+        never_ran=len(jobs) - len(starts),
+        unfinished=sum(1 for i in range(len(jobs)) if starts[i] != ends[i]),
+        order_violations=order,
+        overlaps=overlaps,
+        span_s=max(0, last_us - first_us) / 1_000_000,
+    )
+
+
+# -- the run ---------------------------------------------------------------------
+
+
+def run_demo(
+    *,
+    redis_url: str | None,
+    tasks: int,
+    groups: int,
+    processes: int,
+    concurrency: int,
+    seed: int | None = None,
+) -> int:
+    """Run the demo; return 0 if verification passed, 1 if not, 2 on setup errors.
+
+    :param redis_url: the server to use; ``None`` starts a throwaway one
+    :param tasks: how many tasks to enqueue
+    :param groups: over how many groups
+    :param processes: worker processes
+    :param concurrency: handlers at once per process
+    :param seed: the workload's random seed (default: random)
+    """
+    seed = random.randrange(2**32) if seed is None else seed
+    plan = make_plan(tasks, groups, random.Random(seed))
+    print(f"workload: {plan.describe()} (seed {seed})")
+    print(f"workers:  {processes} processes x {concurrency} concurrency")
+    server = EmbeddedServer()
+    if redis_url is None:
+        try:
+            server.start()
+        except EmbeddedServerError as exc:
+            print(f"aiogroupq demo: error: {exc}", file=sys.stderr)
+            return 2
+        redis_url = server.url
+        print(f"server:   {server.binary} (throwaway) at {redis_url}")
+    try:
+        with tempfile.TemporaryDirectory(prefix="aiogroupq-demo-") as tmp:
+            log_path = Path(tmp) / "workers.log"
+            with open(log_path, "wb") as log:
+                code = anyio.run(_run, redis_url, plan, processes, concurrency, log)
+            if code == 1:
+                print("worker log (last lines):", file=sys.stderr)
+                lines = log_path.read_text(errors="replace").splitlines()[-20:]
+                print("\n".join(lines), file=sys.stderr)
+            return code
+    finally:
+        server.stop()
+
+
+async def _run(
+    url: str, plan: Plan, processes: int, concurrency: int, log: IO[bytes]
+) -> int:
+    queue = f"demo-{secrets.token_hex(4)}"
+    keys = journal_keys(queue)
+    async with redis.asyncio.Redis.from_url(url) as client:
+        try:
+            await client.ping()
+        except (RedisError, OSError) as exc:
+            print(f"aiogroupq demo: error: cannot reach {url}: {exc}", file=sys.stderr)
+            return 2
+        argv = [sys.executable, "-m", "aiogroupq", "worker", f"{__name__}:worker"]
+        argv += ["--queue", queue, "--redis-url", url]
+        argv += ["--processes", str(processes), "--concurrency", str(concurrency)]
+        # A session of its own: a Ctrl-C reaches only us; we stop the workers.
+        process = await anyio.open_process(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
+        try:
+            started = anyio.current_time()
+            async with aiogroupq.Producer(client, queue=queue) as producer:
+                ids: list[str] = []
+                for at in range(0, len(plan.jobs), BATCH):
+                    ids += await producer.enqueue_many(
+                        aiogroupq.Task(job.type, job, group=job.group)
+                        for job in plan.jobs[at : at + BATCH]
+                    )
+                took = anyio.current_time() - started
+                print(
+                    f"enqueued: {len(ids):,} tasks in {took:.2f} s "
+                    f"({len(ids) / took:,.0f} tasks/s, batches of {BATCH:,})"
+                )
+                finished = await _follow(client, keys[2], len(ids), process)
+                elapsed = anyio.current_time() - started
+                await _stop(process)
+                journal = await client.lrange(keys[1], 0, -1)
+                states = await _states(producer, ids)
+        finally:
+            await _stop(process)
+            if process.returncode != 0:
+                print(
+                    f"aiogroupq demo: the workers exited with status "
+                    f"{process.returncode}",
+                    file=sys.stderr,
+                )
+        await client.delete(*keys)
+        async for key in client.scan_iter(match=QueueKeys(queue).pattern(), count=1000):
+            await client.unlink(key)
+    verdict = verify(plan.jobs, journal)
+    _report(verdict, len(plan.jobs), states, elapsed)
+    good = (
+        finished
+        and process.returncode == 0
+        and verdict.ok
+        and states == {"succeeded": len(ids)}
+    )
+    print("result:   OK" if good else "result:   FAILED")
+    return 0 if good else 1
+
+
+async def _follow(
+    client: redis.asyncio.Redis, done_key: str, total: int, process: Process
+) -> bool:
+    """Show progress on stderr until every task ended; False on a stall."""
+    window: deque[tuple[float, int]] = deque()
+    last_change, last_done = anyio.current_time(), -1
+    while True:
+        done = int(await client.get(done_key) or 0)
+        now = anyio.current_time()
+        window.append((now, done))
+        while now - window[0][0] > 1.0:
+            window.popleft()
+        span = now - window[0][0]
+        rate = (done - window[0][1]) / span if span > 0 else 0.0
+        sys.stderr.write(
+            f"\r  running: {done:,}/{total:,} done, {rate:,.0f} tasks/s   "
+        )
+        sys.stderr.flush()
+        if done >= total:
+            sys.stderr.write("\n")
+            return True
+        if done != last_done:
+            last_change, last_done = now, done
+        problem = None
+        if process.returncode is not None:
+            problem = "the worker processes exited early"
+        elif now - last_change > STALL_TIMEOUT:
+            problem = f"no task finished for {STALL_TIMEOUT:.0f} s"
+        if problem:
+            sys.stderr.write(f"\n  {problem}: stopping\n")
+            return False
+        await anyio.sleep(0.2)
+
+
+async def _stop(process: Process) -> None:
+    if process.returncode is not None:
+        return
+    process.terminate()  # the supervisor forwards it: a graceful stop
+    with anyio.move_on_after(60):
+        await process.wait()
+        return
+    process.kill()
+    await process.wait()
+
+
+async def _states(producer: aiogroupq.Producer, ids: Sequence[str]) -> Counter[str]:
+    states: Counter[str] = Counter()
+
+    async def read(part: Sequence[str]) -> None:
+        for task_id in part:
+            states[str(await producer.status(task_id))] += 1
+
+    async with anyio.create_task_group() as tg:
+        for k in range(16):  # a few round trips in flight, not 20,000
+            tg.start_soon(read, ids[k::16])
+    return states
+
+
+def _report(verdict: Verdict, total: int, states: Counter[str], elapsed: float) -> None:
+    rate = verdict.ran / verdict.span_s if verdict.span_s else 0.0
+    final = ", ".join(f"{state} {n:,}" for state, n in sorted(states.items()))
+    print(f"tasks run:                {verdict.ran:,} of {total:,}")
+    print(f"tasks run more than once: {verdict.ran_twice:,}")
+    print(f"tasks never run:          {verdict.never_ran:,}")
+    print(f"unfinished runs:          {verdict.unfinished:,}")
+    print(f"order violations:         {verdict.order_violations:,}")
+    print(f"overlapping runs:         {verdict.overlaps:,}")
+    print(f"final states:             {final}")
+    print(
+        f"throughput:               {rate:,.0f} tasks/s "
+        f"(first start to last end, {verdict.span_s:.2f} s)"
+    )
+    print(f"elapsed:                  {elapsed:.2f} s (first enqueue to last end)")

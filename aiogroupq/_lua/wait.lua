@@ -1,0 +1,15 @@
+--[[ wait.lua: read a task's end, and mark it as waited for if it has not ended.
+  KEYS[1..6]  the common keys (see _lib.lua)
+  ARGV[1]     key prefix
+  ARGV[2]     task id
+  returns  {} if there is no such task, else {state, result or false,
+           reason or false}. A task not yet ended gets field w, so that its
+           end pushes a token on done:<id> for waiters blocked there.
+]]
+local key = k_task(ARGV[2])
+local f = redis.call('HMGET', key, 's', 'r', 'x')
+if not f[1] then return {} end
+if f[1] == 'queued' or f[1] == 'delayed' or f[1] == 'running' then
+  redis.call('HSET', key, 'w', 1)
+end
+return f
