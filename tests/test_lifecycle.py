@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anyio
@@ -49,21 +49,19 @@ async def test_run_at_is_validated_and_delays(
     producer: aiogroupq.Producer, redis_client: redis.asyncio.Redis
 ) -> None:
     with pytest.raises(aiogroupq.InvalidTaskError, match="no timezone"):
-        await producer.enqueue("h", run_at=datetime.now() + timedelta(seconds=5))  # noqa: DTZ005
+        await producer.enqueue("h", run_at=datetime.now() + timedelta(seconds=5))
     with pytest.raises(aiogroupq.InvalidTaskError, match="in the past"):
-        await producer.enqueue("h", run_at=datetime.now(timezone.utc) - timedelta(1))
+        await producer.enqueue("h", run_at=datetime.now(UTC) - timedelta(1))
     with pytest.raises(aiogroupq.InvalidTaskError, match="not both"):
-        await producer.enqueue(
-            "h", delay=1.0, run_at=datetime.now(timezone.utc) + timedelta(1)
-        )
+        await producer.enqueue("h", delay=1.0, run_at=datetime.now(UTC) + timedelta(1))
     assert await redis_client.dbsize() == 0
-    due = datetime.now(timezone.utc) + timedelta(seconds=0.3)
+    due = datetime.now(UTC) + timedelta(seconds=0.3)
     task_id = await producer.enqueue("h", run_at=due)
     assert await producer.status(task_id) is TaskState.DELAYED
     started: list[datetime] = []
 
     async def h() -> None:
-        started.append(datetime.now(timezone.utc))
+        started.append(datetime.now(UTC))
 
     async with consuming(redis_client, {"h": h}):
         await wait_for(lambda: _is(producer, task_id, TaskState.SUCCEEDED))
@@ -256,7 +254,7 @@ async def test_no_retry_and_per_type_timeout(
     async with consuming(redis_client, handlers):
         with pytest.raises(aiogroupq.TaskFailedError, match="LookupError"):
             await producer.result(refused, timeout=10)
-        with pytest.raises(aiogroupq.TaskFailedError, match="timeout of 0.1s"):
+        with pytest.raises(aiogroupq.TaskFailedError, match=r"timeout of 0\.1s"):
             await producer.result(hung, timeout=10)
     assert attempts == [1]
 
