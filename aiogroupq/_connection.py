@@ -2,21 +2,34 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import functools
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Final
+from typing import Any, Final, ParamSpec, TypeVar
 
 from redis.asyncio import Redis
-from redis.backoff import NoBackoff
+from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
+from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 from redis.retry import Retry
 
-from .errors import ConfigurationError
+from .errors import ConfigurationError, RedisUnavailableError
+
+logger = logging.getLogger("aiogroupq")
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 RedisLike = str | Redis
 """A ``redis://`` URL (we create and close the client) or a client to borrow."""
 
 #: socket timeout of clients we create: above the longest BLPOP we issue
 OWN_SOCKET_TIMEOUT: Final = 10.0
+#: connect timeout of clients we create
+OWN_CONNECT_TIMEOUT: Final = 2.0
+#: re-sends of an idempotent command after a connection error (with backoff
+#: from 50 ms doubling to 1 s): about 5 s of retrying before giving up
+OWN_RETRIES: Final = 6
 
 
 def check_borrowed(client: Redis) -> None:
@@ -51,9 +64,13 @@ async def open_client(redis: RedisLike, *, retry: bool) -> AsyncIterator[Redis]:
         raise ConfigurationError(
             f"expected a redis:// URL or a redis.asyncio.Redis client, got {redis!r}"
         )
-    kwargs: dict[str, object] = {"socket_timeout": OWN_SOCKET_TIMEOUT}
-    if not retry:
-        kwargs["retry"] = Retry(NoBackoff(), 0)
+    kwargs: dict[str, object] = {
+        "socket_timeout": OWN_SOCKET_TIMEOUT,
+        "socket_connect_timeout": OWN_CONNECT_TIMEOUT,
+        "retry": Retry(ExponentialWithJitterBackoff(cap=1.0, base=0.05), OWN_RETRIES)
+        if retry
+        else Retry(NoBackoff(), 0),
+    }
     try:
         client = Redis.from_url(redis, **kwargs)  # type: ignore[arg-type]
     except ValueError as exc:
@@ -62,3 +79,50 @@ async def open_client(redis: RedisLike, *, retry: bool) -> AsyncIterator[Redis]:
         yield client
     finally:
         await client.aclose()
+
+
+def unavailable_as_error(
+    method: Callable[P, Awaitable[T]],
+) -> Callable[P, Awaitable[T]]:
+    """Turn a connection failure that outlived the client's retries into
+    :class:`~aiogroupq.RedisUnavailableError`."""
+
+    @functools.wraps(method)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return await method(*args, **kwargs)
+        except (ConnectionError, TimeoutError) as exc:
+            raise RedisUnavailableError(str(exc) or type(exc).__name__) from exc
+
+    return wrapper
+
+
+async def check_server(client: Redis) -> None:
+    """Refuse servers too old for our scripts; warn about an eviction policy
+    that would silently drop queue keys.
+
+    :raises ConfigurationError: for Redis < 7.0 (Valkey reports 7.2 or later)
+    """
+    info: Any = await client.info("server")
+    version = str(info.get("redis_version", "0"))
+    if tuple(int(part) for part in version.split(".")[:2] if part.isdigit()) < (7, 0):
+        raise ConfigurationError(
+            f"aiogroupq needs Redis >= 7.0 or Valkey >= 7.2 (script flags); "
+            f"this server is {version}"
+        )
+    try:
+        policy: Any = await client.config_get("maxmemory-policy")
+    except ResponseError:  # CONFIG is often disabled on managed services
+        logger.warning(
+            "could not read maxmemory-policy; make sure it is 'noeviction', or "
+            "Redis may evict queued tasks under memory pressure"
+        )
+        return
+    value = policy.get("maxmemory-policy", policy.get(b"maxmemory-policy", b""))
+    value = value.decode() if isinstance(value, bytes) else str(value)
+    if value and value != "noeviction":
+        logger.warning(
+            "Redis maxmemory-policy is %r: under memory pressure it may evict "
+            "queued tasks. Set it to 'noeviction'",
+            value,
+        )

@@ -1,7 +1,10 @@
 """The Lua scripts, run with EVALSHA; the only place that reads their replies.
 
 Each ``_lua/<name>.lua`` is prefixed with ``_lua/_lib.lua`` and read once at
-import. The SHA is computed locally, so the hot path is a single EVALSHA; a
+import. Its first line is a ``#!lua`` shebang: scripts that add work (enqueue,
+claim) have no flags, so that under ``maxmemory`` Redis refuses them before
+they write anything; scripts that let work finish (finish, heartbeat, recover,
+cancel, dead) carry ``allow-oom``. The SHA is computed locally, so the hot path is a single EVALSHA; a
 ``NOSCRIPT`` reply (``SCRIPT FLUSH``, a restart, a failover) costs one
 ``SCRIPT LOAD`` and one retry, which is always safe because the script did not
 run.
@@ -16,7 +19,9 @@ from dataclasses import dataclass
 from importlib.resources import files
 from typing import TYPE_CHECKING, Any, Final
 
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, OutOfMemoryError
+
+from .errors import QueueFullError
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -39,7 +44,18 @@ class Script:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.source = _LIB + b"\n" + _read(f"{name}.lua")
+        body = _read(f"{name}.lua")
+        # The shebang (script flags such as allow-oom) must stay the first line.
+        shebang, _, rest = (
+            body.partition(b"\n")
+            if body.startswith(b"#!")
+            else (
+                b"",
+                b"",
+                body,
+            )
+        )
+        self.source = shebang + b"\n" + _LIB + b"\n" + rest
         self.sha = hashlib.sha1(self.source).hexdigest()
 
     async def __call__(
@@ -60,10 +76,13 @@ class Script:
         )
         argv = (keys.prefix, *args)
         try:
-            return await client.evalsha(self.sha, len(all_keys), *all_keys, *argv)
-        except NoScriptError:
-            await client.script_load(self.source)
-            return await client.evalsha(self.sha, len(all_keys), *all_keys, *argv)
+            try:
+                return await client.evalsha(self.sha, len(all_keys), *all_keys, *argv)
+            except NoScriptError:
+                await client.script_load(self.source)
+                return await client.evalsha(self.sha, len(all_keys), *all_keys, *argv)
+        except OutOfMemoryError as exc:  # refused before it ran: nothing written
+            raise QueueFullError(str(exc)) from exc
 
 
 ENQUEUE: Final = Script("enqueue")

@@ -22,12 +22,12 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from . import _scripts
-from ._connection import RedisLike, open_client, socket_timeout
+from ._connection import RedisLike, check_server, open_client, socket_timeout
 from ._finisher import Finisher
 from ._handlers import Handler, HandlerFunc, build_routes
 from ._keys import QueueKeys
 from ._runner import RetryPolicy, Running, run_task
-from .errors import ConfigurationError
+from .errors import ConfigurationError, QueueFullError
 
 if TYPE_CHECKING:
     from .task import DeadLetter
@@ -187,6 +187,7 @@ class Consumer(anyio.AsyncContextManagerMixin):
     @asynccontextmanager
     async def __asynccontextmanager__(self) -> AsyncGenerator[Self]:
         async with open_client(self._redis, retry=False) as client:
+            await check_server(client)
             finisher = self._finisher = Finisher(
                 client,
                 self._keys,
@@ -201,31 +202,45 @@ class Consumer(anyio.AsyncContextManagerMixin):
                     self._side_tasks = outer
                     outer.start_soon(finisher.run)
                     outer.start_soon(self._heartbeat_loop, client)
-                    async with anyio.create_task_group() as inner:
-                        await inner.start(self._fetch_loop, client, send)
-                        for _ in range(self._concurrency):
-                            inner.start_soon(self._work_loop, receive.clone(), finisher)
-                        try:
-                            yield self
-                        finally:
-                            self._stop_claiming()
-                            inner.cancel_scope.deadline = (
-                                anyio.current_time() + self._grace_period
-                            )
-                    with anyio.CancelScope(shield=True):
-                        # Claimed but never started: back to the front, in order.
-                        for running in _drain(receive):
-                            self._hand_back(running, finisher)
-                        receive.close()
-                        left = await finisher.close(timeout=10.0)
-                        if left:
-                            logger.warning(
-                                "%d outcomes could not be recorded; their tasks "
-                                "will be recovered when their leases expire",
-                                left,
-                            )
-                    outer.cancel_scope.cancel()
+                    try:
+                        async with anyio.create_task_group() as inner:
+                            await inner.start(self._fetch_loop, client, send)
+                            for _ in range(self._concurrency):
+                                inner.start_soon(
+                                    self._work_loop, receive.clone(), finisher
+                                )
+                            try:
+                                yield self
+                            finally:
+                                self._stop_claiming()
+                                inner.cancel_scope.deadline = (
+                                    anyio.current_time() + self._grace_period
+                                )
+                    finally:
+                        with anyio.CancelScope(shield=True):
+                            await self._wind_down(send, receive, finisher)
+                        outer.cancel_scope.cancel()
             logger.info("consumer %s stopped: %s", self.name, self.stats)
+
+    async def _wind_down(
+        self,
+        send: MemoryObjectSendStream[Running],
+        receive: MemoryObjectReceiveStream[Running],
+        finisher: Finisher,
+    ) -> None:
+        """Hand back what was claimed but never started, and record every
+        outcome (runs shielded, also when the block failed)."""
+        send.close()
+        for running in _drain(receive):  # in claim order: fronts stay in order
+            self._hand_back(running, finisher)
+        receive.close()
+        left = await finisher.close(timeout=10.0)
+        if left:
+            logger.warning(
+                "%d outcomes could not be recorded; their tasks will be "
+                "recovered when their leases expire",
+                left,
+            )
 
     def _stop_claiming(self) -> None:
         self._stopping = True
@@ -295,8 +310,13 @@ class Consumer(anyio.AsyncContextManagerMixin):
                         lease_ms=lease_ms,
                         scan_limit=k + 64,
                     )
-                except (RedisError, OSError) as exc:
+                except (RedisError, OSError, QueueFullError) as exc:
+                    # QueueFullError: Redis is out of memory and refused the
+                    # claim before it ran; work in flight can still finish.
                     logger.warning("claim failed (%s); retrying in %.2fs", exc, backoff)
+                    # The script may have run and its reply been lost: what it
+                    # claimed sits in our recovery key; give it back first.
+                    reconcile = False
                     await self._block(None, backoff)
                     backoff = min(backoff * 2, _BACKOFF_MAX)
                     continue

@@ -13,6 +13,8 @@ The hierarchy::
     ├── TaskFailedError             the awaited task was dead-lettered
     ├── TaskCancelledError          the awaited task was cancelled
     ├── NoResultError               the awaited task's type stores no result
+    ├── QueueFullError              Redis is out of memory and refused new work
+    ├── RedisUnavailableError       Redis could not be reached within the budget
     └── LeaseLostError              our fencing token no longer owns the task
 
 :class:`Retry` is not an error: a handler raises it to ask for another attempt.
@@ -28,6 +30,8 @@ __all__ = (
     "LeaseLostError",
     "NoResultError",
     "PayloadTooLargeError",
+    "QueueFullError",
+    "RedisUnavailableError",
     "Retry",
     "TaskCancelledError",
     "TaskFailedError",
@@ -138,6 +142,27 @@ class NoResultError(AiogroupqError):
             "aiogroupq.Handler(..., store_result=True) on the consumer"
         )
         self.task_id = task_id
+
+
+class QueueFullError(AiogroupqError):
+    """Redis is over ``maxmemory`` and refused to take new work; nothing was
+    written. Tasks already queued keep draining, so retrying later works."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(
+            f"Redis refused new tasks: it is out of memory ({detail}); nothing "
+            "was written. Retry later, or raise maxmemory"
+        )
+
+
+class RedisUnavailableError(AiogroupqError, ConnectionError):
+    """Redis could not be reached, even after the client's retries."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(
+            f"Redis is unreachable ({detail}); the command was retried "
+            "with backoff and gave up"
+        )
 
 
 class LeaseLostError(AiogroupqError):

@@ -16,7 +16,12 @@ from redis.asyncio import Redis
 
 from . import _scripts, _validate
 from ._codec import encode_payload, pack, payload_decoder, unpack
-from ._connection import RedisLike, open_client, socket_timeout
+from ._connection import (
+    RedisLike,
+    open_client,
+    socket_timeout,
+    unavailable_as_error,
+)
 from ._keys import QueueKeys
 from .errors import (
     ConfigurationError,
@@ -134,6 +139,7 @@ class Producer(anyio.AsyncContextManagerMixin):
             )
         return self._client
 
+    @unavailable_as_error
     async def enqueue(
         self,
         task_type: str,
@@ -165,6 +171,10 @@ class Producer(anyio.AsyncContextManagerMixin):
         :return: the task id (the first task's, when deduplicated)
         :raises InvalidTaskError: (or a subclass) for a bad argument; nothing
             is written to Redis
+        :raises QueueFullError: if Redis is out of memory; nothing is written
+        :raises RedisUnavailableError: if Redis stayed unreachable through
+            about 5 seconds of retries (a re-sent enqueue never duplicates a
+            task: ids are made here)
         """
         new = self._prepare(
             Task(
@@ -186,6 +196,7 @@ class Producer(anyio.AsyncContextManagerMixin):
         )
         return ids[0]
 
+    @unavailable_as_error
     async def enqueue_many(self, tasks: Iterable[Task]) -> list[str]:
         """Enqueue many tasks atomically, in one round trip; return their ids.
 
@@ -250,6 +261,7 @@ class Producer(anyio.AsyncContextManagerMixin):
             run_at_ms=_validate.run_at(task.run_at, delay),
         )
 
+    @unavailable_as_error
     async def status(self, task_id: str) -> TaskState | None:
         """The task's state, or ``None`` for an unknown (or expired) id.
 
@@ -261,6 +273,7 @@ class Producer(anyio.AsyncContextManagerMixin):
         )
         return None if state is None else TaskState(state)
 
+    @unavailable_as_error
     async def cancel(self, task_id: str) -> bool:
         """Cancel a task wherever it waits (ready, behind its group, delayed).
 
@@ -282,6 +295,7 @@ class Producer(anyio.AsyncContextManagerMixin):
             raise TaskNotFoundError(task_id)
         return code != _scripts.FINISHED
 
+    @unavailable_as_error
     async def result(
         self,
         task_id: str,
@@ -327,6 +341,7 @@ class Producer(anyio.AsyncContextManagerMixin):
             raise TaskCancelledError(task_id)
         raise TimeoutError(f"task {task_id!r} is still {state} after {limit}s")
 
+    @unavailable_as_error
     async def requeue_dead(self, *task_ids: str) -> int:
         """Run dead-lettered tasks again, each at the front of its group with a
         fresh set of attempts (a group halted by it resumes with it).
@@ -338,6 +353,7 @@ class Producer(anyio.AsyncContextManagerMixin):
             self._open_client(), self._keys, "requeue", ids
         )
 
+    @unavailable_as_error
     async def purge_dead(self, *task_ids: str) -> int:
         """Delete dead letters: the given ones, or all when none is given.
 
@@ -354,6 +370,7 @@ class Producer(anyio.AsyncContextManagerMixin):
             total += await _scripts.dead_action(client, self._keys, "purge", batch)
         return total
 
+    @unavailable_as_error
     async def release_group(self, group: str) -> bool:
         """Let a group halted by a dead-lettered task (``on_dead="halt"``)
         continue with its next task; the dead task stays dead.
@@ -368,6 +385,7 @@ class Producer(anyio.AsyncContextManagerMixin):
         )
         return done == 1
 
+    @unavailable_as_error
     async def dead_letters(self, *, limit: int = 100) -> list[DeadLetter]:
         """The oldest *limit* dead-lettered tasks of the queue, oldest first."""
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 --[[ cancel.lua: cancel a task wherever it waits, or ask its consumer to.
   KEYS[1..6]  the common keys (see _lib.lua)
   ARGV[1]     key prefix

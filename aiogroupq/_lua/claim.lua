@@ -1,3 +1,4 @@
+#!lua
 --[[ claim.lua: recover expired leases, promote due tasks, then claim up to k
   runnable tasks of distinct groups for one consumer.
   KEYS[1..6]  the common keys (see _lib.lua)

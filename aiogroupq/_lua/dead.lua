@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 --[[ dead.lua: operator actions on dead letters and halted groups.
   KEYS[1..6]  the common keys (see _lib.lua)
   ARGV[1]     key prefix

@@ -1,3 +1,4 @@
+#!lua
 --[[ enqueue.lua: add a batch of tasks atomically.
   KEYS[1..6]  the common keys (see _lib.lua)
   ARGV[1]     key prefix

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 --[[ finish.lua: apply a batch of attempt outcomes, each fenced by its token.
   KEYS[1..6]  the common keys (see _lib.lua)
   ARGV[1]     key prefix

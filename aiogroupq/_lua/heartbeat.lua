@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 --[[ heartbeat.lua: extend the leases of a consumer's running tasks.
   KEYS[1..6]  the common keys (see _lib.lua)
   ARGV[1]     key prefix

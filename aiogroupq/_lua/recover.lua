@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 --[[ recover.lua: give back the tasks a consumer's recovery key holds, except
   those it still knows it runs.
   Two uses: a consumer restarted with the same name resumes its previous

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 --[[ wait.lua: read a task's end, and mark it as waited for if it has not ended.
   KEYS[1..6]  the common keys (see _lib.lua)
   ARGV[1]     key prefix

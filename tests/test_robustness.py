@@ -1,0 +1,86 @@
+"""What the server can do to us: run out of memory, vanish, flush its scripts."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+import redis.asyncio
+
+import aiogroupq
+from aiogroupq import TaskState
+
+from ._server import free_port
+
+QUEUE = "robust"
+
+
+async def test_out_of_memory_refuses_new_work_but_lets_running_work_finish(
+    redis_client: redis.asyncio.Redis,
+) -> None:
+    started = anyio.Event()
+    release = anyio.Event()
+
+    async def h(n: int) -> None:
+        started.set()
+        await release.wait()
+
+    async with aiogroupq.Producer(redis_client, queue=QUEUE) as producer:
+        running = await producer.enqueue("h", 1, group="g")
+        parked = await producer.enqueue("h", 2, group="g")
+        async with aiogroupq.Consumer(redis_client, queue=QUEUE, handlers={"h": h}):
+            with anyio.fail_after(10):
+                await started.wait()
+            used = int((await redis_client.info("memory"))["used_memory"])
+            await redis_client.config_set("maxmemory-policy", "noeviction")
+            await redis_client.config_set("maxmemory", str(used - 1024 * 1024))
+            try:
+                keys_before = await redis_client.dbsize()
+                with pytest.raises(aiogroupq.QueueFullError, match="out of memory"):
+                    await producer.enqueue("h", 3, group="g")
+                with pytest.raises(aiogroupq.QueueFullError):
+                    await producer.enqueue_many(
+                        [aiogroupq.Task("h", n) for n in range(10)]
+                    )
+                assert await redis_client.dbsize() == keys_before
+                # Acknowledging still works: the group passes on, in order.
+                release.set()
+                with anyio.fail_after(10):
+                    while await producer.status(running) is not TaskState.SUCCEEDED:
+                        await anyio.sleep(0.01)
+                assert await producer.status(parked) in (
+                    TaskState.QUEUED,
+                    TaskState.RUNNING,
+                    TaskState.SUCCEEDED,
+                )
+            finally:
+                await redis_client.config_set("maxmemory", "0")
+            with anyio.fail_after(10):
+                while await producer.status(parked) is not TaskState.SUCCEEDED:
+                    await anyio.sleep(0.01)
+
+
+async def test_unreachable_server_is_a_typed_error_not_a_hang() -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    async with aiogroupq.Producer(url, queue=QUEUE) as producer:
+        with anyio.fail_after(30), pytest.raises(aiogroupq.RedisUnavailableError):
+            await producer.enqueue("h", 1)
+
+
+async def test_script_flush_while_consuming(redis_client: redis.asyncio.Redis) -> None:
+    seen: list[int] = []
+
+    async def h(n: int) -> None:
+        seen.append(n)
+
+    async with (
+        aiogroupq.Producer(redis_client, queue=QUEUE) as producer,
+        aiogroupq.Consumer(redis_client, queue=QUEUE, handlers={"h": h}),
+    ):
+        for n in range(50):
+            await producer.enqueue("h", n, group=f"g{n % 5}")
+            if n % 10 == 0:
+                await redis_client.script_flush()
+        with anyio.fail_after(10):
+            while len(seen) < 50:
+                await anyio.sleep(0.01)
+    assert sorted(seen) == list(range(50))
