@@ -46,52 +46,53 @@ class Finisher:
         self._on_done = on_done
         self._pending: list[_scripts.Outcome] = []
         self._wakeup = anyio.Event()
-        self._idle = anyio.Event()
-        self._idle.set()
-        self._closing = False
+        # run() and close() may both send; one batch at a time keeps each
+        # outcome reported once.
+        self._sending = anyio.Lock()
 
     def submit(self, outcome: _scripts.Outcome) -> None:
         """Queue *outcome* (never blocks)."""
         self._pending.append(outcome)
-        if self._idle.is_set():
-            self._idle = anyio.Event()
         self._wakeup.set()
 
-    async def run(self) -> None:
-        """Send batches until :meth:`close` and nothing is left."""
-        backoff = 0.05
-        while True:
-            if not self._pending:
-                self._idle.set()
-                if self._closing:
-                    return
-                await self._wakeup.wait()
-                self._wakeup = anyio.Event()
-                continue
+    async def _send_batch(self) -> bool:
+        """Send the oldest pending batch; False if Redis failed (kept pending)."""
+        async with self._sending:
             batch = self._pending[:MAX_BATCH]
+            if not batch:
+                return True
             try:
                 codes = await _scripts.finish(
                     self._client, self._keys, batch, retention_ms=self._retention_ms
                 )
             except (RedisError, OSError) as exc:
-                logger.warning(
-                    "could not record %d outcomes (%s); retrying in %.2fs",
-                    len(batch),
-                    exc,
-                    backoff,
-                )
+                logger.warning("could not record %d outcomes (%s)", len(batch), exc)
+                return False
+            del self._pending[: len(batch)]
+        for outcome, code in zip(batch, codes, strict=True):
+            self._on_done(outcome, code)
+        return True
+
+    async def run(self) -> None:
+        """Send batches as outcomes arrive, until cancelled."""
+        backoff = 0.05
+        while True:
+            if not self._pending:
+                await self._wakeup.wait()
+                self._wakeup = anyio.Event()
+                continue
+            if await self._send_batch():
+                backoff = 0.05
+            else:
                 await anyio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
-                continue
-            backoff = 0.05
-            del self._pending[: len(batch)]
-            for outcome, code in zip(batch, codes, strict=True):
-                self._on_done(outcome, code)
 
     async def close(self, timeout: float) -> int:
-        """Flush what is pending within *timeout*; return how many were left."""
-        self._closing = True
-        self._wakeup.set()
+        """Send what is pending within *timeout*, whether or not :meth:`run`
+        is still alive (it is cancelled with its task group when the block
+        around the consumer is); return how many outcomes were left."""
         with anyio.move_on_after(timeout):
-            await self._idle.wait()
+            while self._pending:
+                if not await self._send_batch():
+                    await anyio.sleep(0.1)
         return len(self._pending)

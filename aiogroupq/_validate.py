@@ -16,7 +16,10 @@ def name(field: str, value: object) -> str:
     """A task type or dedup key: a non-empty string of at most 256 bytes."""
     if not isinstance(value, str):
         raise InvalidTaskError(field, f"expected a str, got {type(value).__name__}")
-    size = len(value.encode("utf-8", "surrogatepass"))
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidTaskError(field, f"{value[:40]!r} is not valid UTF-8") from None
     if size == 0 or size > MAX_NAME_BYTES:
         raise InvalidTaskError(
             field, f"{value[:40]!r} must be 1 to {MAX_NAME_BYTES} bytes of UTF-8"

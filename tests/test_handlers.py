@@ -41,7 +41,7 @@ def test_handler_without_parameters_takes_no_payload() -> None:
 
     route = build_routes({"ping": ping})["ping"]
     assert route.takes_payload is False
-    assert route.handler is ping
+    assert route.func is ping
 
 
 def test_unannotated_handler_gets_builtins() -> None:

@@ -22,13 +22,19 @@ PUBLIC_NAMES = frozenset(
         "Consumer",
         "ConsumerStats",
         "DeadLetter",
+        "Handler",
         "InvalidGroupError",
         "InvalidTaskError",
         "LeaseLostError",
+        "NoResultError",
         "PayloadTooLargeError",
         "Producer",
+        "QueueFullError",
+        "RedisUnavailableError",
         "Retry",
         "Task",
+        "TaskCancelledError",
+        "TaskFailedError",
         "TaskInfo",
         "TaskNotFoundError",
         "TaskState",
@@ -120,7 +126,12 @@ def test_error_hierarchy() -> None:
         aiogroupq.ConfigurationError,
         aiogroupq.InvalidTaskError,
         aiogroupq.TaskNotFoundError,
+        aiogroupq.TaskFailedError,
+        aiogroupq.TaskCancelledError,
+        aiogroupq.NoResultError,
         aiogroupq.LeaseLostError,
+        aiogroupq.QueueFullError,
+        aiogroupq.RedisUnavailableError,
     ):
         assert issubclass(cls, base)
     # Bad arguments are ValueErrors, so generic validation handlers catch them.
@@ -141,6 +152,8 @@ def test_error_hierarchy() -> None:
     ):
         assert issubclass(task_error, aiogroupq.InvalidTaskError)
     assert issubclass(aiogroupq.TaskNotFoundError, LookupError)
+    # Callers that already handle connection trouble generically catch it.
+    assert issubclass(aiogroupq.RedisUnavailableError, ConnectionError)
     # Retry is control flow, not an error: `except AiogroupqError` must not eat it.
     assert not issubclass(aiogroupq.Retry, base)
 
