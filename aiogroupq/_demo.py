@@ -15,8 +15,10 @@ from __future__ import annotations
 
 __all__ = ("Job", "Verdict", "make_plan", "run_demo", "verify", "worker")
 
+import os
 import random
 import secrets
+import signal
 import subprocess
 import sys
 import tempfile
@@ -61,6 +63,7 @@ class Job(msgspec.Struct, array_like=True, frozen=True):
     :ivar group: its group, or ``None``
     :ivar seq: its position among its group's tasks, from 0 (0 if ungrouped)
     :ivar work_us: simulated work in microseconds (0: just yield once)
+    :ivar type: its task type
     """
 
     i: int
@@ -119,29 +122,10 @@ async def worker(
 # -- the workload ---------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """The tasks in enqueue order, and how they were drawn."""
-
-    jobs: list[Job]
-    hot_groups: int
-    hot_each: int
-    cold_groups: int
-    cold_tasks: int
-    ungrouped: int
-
-    def describe(self) -> str:
-        """One line for the reader."""
-        return (
-            f"{len(self.jobs):,} tasks: {self.hot_groups} hot groups x "
-            f"{self.hot_each:,}, {self.cold_tasks:,} over {self.cold_groups:,} "
-            f"groups, {self.ungrouped:,} ungrouped"
-        )
-
-
-def make_plan(tasks: int, groups: int, rng: random.Random) -> Plan:
+def make_plan(tasks: int, groups: int, rng: random.Random) -> tuple[list[Job], str]:
     """Draw the workload: 3 hot groups of 5 % each, 20 % ungrouped, the rest
-    spread over the other groups, all shuffled together.
+    spread over the other groups, all shuffled together; return it in enqueue
+    order, and its description.
 
     :param tasks: how many tasks
     :param groups: how many groups
@@ -170,7 +154,11 @@ def make_plan(tasks: int, groups: int, rng: random.Random) -> Plan:
         work = rng.randint(0, 2_000) if rng.random() < 0.05 else 0
         kind = "import_rows" if group else rng.choice(("send_mail", "resize_image"))
         jobs.append(Job(i, group, seq, work, kind))
-    return Plan(jobs, hot_groups, hot_each, len(cold), cold_tasks, ungrouped)
+    hot_part = f"{hot_groups} hot groups x {hot_each:,}, " if hot_each else ""
+    return jobs, (
+        f"{tasks:,} tasks: {hot_part}{cold_tasks:,} over "
+        f"{min(cold_tasks, len(spread)):,} groups, {ungrouped:,} ungrouped"
+    )
 
 
 # -- verification --------------------------------------------------------------
@@ -201,13 +189,8 @@ class Verdict:
     @property
     def ok(self) -> bool:
         """Every task ran exactly once, in order, one at a time per group."""
-        return not (
-            self.ran_twice
-            or self.never_ran
-            or self.unfinished
-            or self.order_violations
-            or self.overlaps
-        )
+        counts = (self.ran_twice, self.never_ran, self.unfinished)
+        return not any((*counts, self.order_violations, self.overlaps))
 
 
 def verify(jobs: Sequence[Job], journal: Sequence[bytes | str]) -> Verdict:
@@ -283,9 +266,9 @@ def run_demo(
     :param seed: the workload's random seed (default: random)
     """
     seed = random.randrange(2**32) if seed is None else seed
-    plan = make_plan(tasks, groups, random.Random(seed))
-    print(f"workload: {plan.describe()} (seed {seed})")
-    print(f"workers:  {processes} processes x {concurrency} concurrency")
+    jobs, description = make_plan(tasks, groups, random.Random(seed))
+    print(f"workload: {description} (seed {seed})")
+    print(f"workers:  {processes} processes x {concurrency} concurrency", flush=True)
     server = EmbeddedServer()
     if redis_url is None:
         try:
@@ -294,12 +277,12 @@ def run_demo(
             print(f"aiogroupq demo: error: {exc}", file=sys.stderr)
             return 2
         redis_url = server.url
-        print(f"server:   {server.binary} (throwaway) at {redis_url}")
+        print(f"server:   {server.binary} (throwaway) at {redis_url}", flush=True)
     try:
         with tempfile.TemporaryDirectory(prefix="aiogroupq-demo-") as tmp:
             log_path = Path(tmp) / "workers.log"
             with open(log_path, "wb") as log:
-                code = anyio.run(_run, redis_url, plan, processes, concurrency, log)
+                code = anyio.run(_run, redis_url, jobs, processes, concurrency, log)
             if code == 1:
                 print("worker log (last lines):", file=sys.stderr)
                 lines = log_path.read_text(errors="replace").splitlines()[-20:]
@@ -310,19 +293,47 @@ def run_demo(
 
 
 async def _run(
-    url: str, plan: Plan, processes: int, concurrency: int, log: IO[bytes]
+    url: str, jobs: list[Job], processes: int, concurrency: int, log: IO[bytes]
+) -> int:
+    code = 128 + signal.SIGINT
+    # Ours to handle: the workers and the server must not outlive us.
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with anyio.create_task_group() as tg:
+
+            async def interrupt() -> None:
+                async for signum in signals:
+                    sys.stderr.write(f"\n  {signum.name}: stopping\n")
+                    tg.cancel_scope.cancel()
+
+            tg.start_soon(interrupt)
+            code = await _drive(url, jobs, processes, concurrency, log)
+            tg.cancel_scope.cancel()
+    return code
+
+
+async def _drive(
+    url: str, jobs: list[Job], processes: int, concurrency: int, log: IO[bytes]
 ) -> int:
     queue = f"demo-{secrets.token_hex(4)}"
     keys = journal_keys(queue)
-    async with redis.asyncio.Redis.from_url(url) as client:
+    try:
+        client = redis.asyncio.Redis.from_url(url)
+    except ValueError as exc:
+        print(f"aiogroupq demo: error: {exc}", file=sys.stderr)
+        return 2
+    async with client:
         try:
             await client.ping()
         except (RedisError, OSError) as exc:
-            print(f"aiogroupq demo: error: cannot reach {url}: {exc}", file=sys.stderr)
+            print(
+                f"aiogroupq demo: error: cannot reach the server: {exc}",
+                file=sys.stderr,
+            )
             return 2
         argv = [sys.executable, "-m", "aiogroupq", "worker", f"{__name__}:worker"]
         argv += ["--queue", queue, "--redis-url", url]
         argv += ["--processes", str(processes), "--concurrency", str(concurrency)]
+        argv += ["--parent-pid", str(os.getpid())]
         # A session of its own: a Ctrl-C reaches only us; we stop the workers.
         process = await anyio.open_process(
             argv,
@@ -335,15 +346,16 @@ async def _run(
             started = anyio.current_time()
             async with aiogroupq.Producer(client, queue=queue) as producer:
                 ids: list[str] = []
-                for at in range(0, len(plan.jobs), BATCH):
+                for at in range(0, len(jobs), BATCH):
                     ids += await producer.enqueue_many(
                         aiogroupq.Task(job.type, job, group=job.group)
-                        for job in plan.jobs[at : at + BATCH]
+                        for job in jobs[at : at + BATCH]
                     )
                 took = anyio.current_time() - started
                 print(
                     f"enqueued: {len(ids):,} tasks in {took:.2f} s "
-                    f"({len(ids) / took:,.0f} tasks/s, batches of {BATCH:,})"
+                    f"({len(ids) / took:,.0f} tasks/s, batches of {BATCH:,})",
+                    flush=True,
                 )
                 finished = await _follow(client, keys[2], len(ids), process)
                 elapsed = anyio.current_time() - started
@@ -351,26 +363,25 @@ async def _run(
                 journal = await client.lrange(keys[1], 0, -1)
                 states = await _states(producer, ids)
         finally:
-            await _stop(process)
-            if process.returncode != 0:
-                print(
-                    f"aiogroupq demo: the workers exited with status "
-                    f"{process.returncode}",
-                    file=sys.stderr,
-                )
+            with anyio.CancelScope(shield=True):
+                await _stop(process)
         await client.delete(*keys)
         async for key in client.scan_iter(match=QueueKeys(queue).pattern(), count=1000):
             await client.unlink(key)
-    verdict = verify(plan.jobs, journal)
-    _report(verdict, len(plan.jobs), states, elapsed)
-    good = (
-        finished
-        and process.returncode == 0
-        and verdict.ok
-        and states == {"succeeded": len(ids)}
-    )
-    print("result:   OK" if good else "result:   FAILED")
-    return 0 if good else 1
+    verdict = verify(jobs, journal)
+    _report(verdict, len(jobs), states, elapsed)
+    problems = [
+        text
+        for ok, text in (
+            (finished, "the workers exited or stalled before the end"),
+            (process.returncode == 0, f"workers' exit status {process.returncode}"),
+            (verdict.ok, "the journal shows violations"),
+            (states == {"succeeded": len(ids)}, "not every task succeeded"),
+        )
+        if not ok
+    ]
+    print("result:   " + ("FAILED: " + "; ".join(problems) if problems else "OK"))
+    return 1 if problems else 0
 
 
 async def _follow(
@@ -396,13 +407,8 @@ async def _follow(
             return True
         if done != last_done:
             last_change, last_done = now, done
-        problem = None
-        if process.returncode is not None:
-            problem = "the worker processes exited early"
-        elif now - last_change > STALL_TIMEOUT:
-            problem = f"no task finished for {STALL_TIMEOUT:.0f} s"
-        if problem:
-            sys.stderr.write(f"\n  {problem}: stopping\n")
+        if process.returncode is not None or now - last_change > STALL_TIMEOUT:
+            sys.stderr.write("\n")
             return False
         await anyio.sleep(0.2)
 
@@ -433,16 +439,16 @@ async def _states(producer: aiogroupq.Producer, ids: Sequence[str]) -> Counter[s
 
 def _report(verdict: Verdict, total: int, states: Counter[str], elapsed: float) -> None:
     rate = verdict.ran / verdict.span_s if verdict.span_s else 0.0
-    final = ", ".join(f"{state} {n:,}" for state, n in sorted(states.items()))
-    print(f"tasks run:                {verdict.ran:,} of {total:,}")
-    print(f"tasks run more than once: {verdict.ran_twice:,}")
-    print(f"tasks never run:          {verdict.never_ran:,}")
-    print(f"unfinished runs:          {verdict.unfinished:,}")
-    print(f"order violations:         {verdict.order_violations:,}")
-    print(f"overlapping runs:         {verdict.overlaps:,}")
-    print(f"final states:             {final}")
-    print(
-        f"throughput:               {rate:,.0f} tasks/s "
-        f"(first start to last end, {verdict.span_s:.2f} s)"
-    )
-    print(f"elapsed:                  {elapsed:.2f} s (first enqueue to last end)")
+    span = f"{verdict.span_s:.2f} s"
+    for label, value in (
+        ("tasks run", f"{verdict.ran:,} of {total:,}"),
+        ("tasks run more than once", f"{verdict.ran_twice:,}"),
+        ("tasks never run", f"{verdict.never_ran:,}"),
+        ("unfinished runs", f"{verdict.unfinished:,}"),
+        ("order violations", f"{verdict.order_violations:,}"),
+        ("overlapping runs", f"{verdict.overlaps:,}"),
+        ("final states", ", ".join(f"{k} {n:,}" for k, n in sorted(states.items()))),
+        ("throughput", f"{rate:,.0f} tasks/s (first start to last end: {span})"),
+        ("elapsed", f"{elapsed:.2f} s (first enqueue to last end)"),
+    ):  # fmt: skip
+        print(f"{label + ':':<26}{value}")

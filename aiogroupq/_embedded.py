@@ -20,6 +20,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Final, Self
@@ -72,9 +73,11 @@ class EmbeddedServer:
     :param extra_args: more command-line arguments for the server
     """
 
-    def __init__(self, binary: str | None = None, *extra_args: str) -> None:
+    def __init__(
+        self, *, binary: str | None = None, extra_args: Sequence[str] = ()
+    ) -> None:
         self._binary = binary
-        self._extra_args = extra_args
+        self._extra_args = tuple(extra_args)
         self._process: subprocess.Popen[bytes] | None = None
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self.port = 0

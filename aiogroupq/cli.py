@@ -1,42 +1,35 @@
 """The ``aiogroupq`` command line (also ``python -m aiogroupq``).
 
-``aiogroupq worker module:attr`` runs consumers until SIGTERM or SIGINT.
-*attr* (dots allowed) names one of:
+``aiogroupq worker module:attr`` consumes until SIGTERM or SIGINT. *attr*
+(dots allowed) names either:
 
-(a) a mapping of task type -> async handler; the worker builds
-    ``aiogroupq.Consumer(redis_url, queue=--queue, handlers=attr,
-    concurrency=--concurrency, lease_ttl=--lease-ttl,
-    grace_period=--grace-period)``. ``--queue`` is required::
+(a) a mapping of task type -> async handler. The worker runs
+    ``Consumer(--redis-url, queue=--queue, handlers=attr, concurrency=...,
+    lease_ttl=..., grace_period=...)``; ``--queue`` is required::
 
-        # myapp/tasks.py
-        async def import_rows(payload: ImportRequest) -> None: ...
-        handlers = {"import_rows": import_rows}
-
+        handlers = {"import_rows": import_rows}    # in myapp/tasks.py
         $ aiogroupq worker myapp.tasks:handlers --queue imports
 
-(b) a factory for full control, called with keyword arguments as
-    ``factory(*, redis_url, queue, concurrency)`` (``queue`` is ``None``
-    without ``--queue``). It returns an un-entered ``aiogroupq.Consumer``, an
-    awaitable of one, or an async context manager yielding an un-entered one
-    (to open and close resources the handlers need around it); the worker
-    enters the Consumer. Set ``lease_ttl`` and ``grace_period`` in the factory::
+(b) a factory, for full control: ``factory(*, redis_url, queue, concurrency)``
+    (``queue`` is ``None`` without ``--queue``) returning a Consumer, an
+    awaitable of one, or an async context manager yielding one (to open and
+    close what the handlers need around it). The worker enters the Consumer,
+    so do not enter it yourself; set its lease TTL and grace period there::
 
         def make_consumer(*, redis_url, queue, concurrency):
             return aiogroupq.Consumer(redis_url, queue=queue or "imports",
                                       handlers=handlers, concurrency=concurrency)
-
         $ aiogroupq worker myapp.tasks:make_consumer
 
-The first SIGTERM or SIGINT stops claiming and gives running handlers the grace
-period; a second one cancels them at once. Either way unfinished tasks go back
-to the front of their groups. ``--processes N`` starts N worker processes,
-forwards SIGTERM and SIGINT to them and waits; when one exits by itself the
-others are stopped too. Exit status: 0 after a requested stop, 2 for a bad
-command line or target, 1 when a worker failed.
+A first SIGTERM or SIGINT stops claiming and lets running handlers finish
+within the grace period; a second one cancels them. Unfinished tasks are
+handed back to the front of their groups. ``--processes N`` runs N worker
+processes, forwards SIGTERM and SIGINT to them and waits; when one ends by
+itself the others are stopped. Exit status: 0 after a requested stop, 2 for a
+bad command line or target, 1 when a worker failed.
 
-``aiogroupq demo`` enqueues a mixed workload to a throwaway server (or
-``--redis-url``), consumes it with several worker processes and checks from a
-journal that every task ran exactly once, in order, one at a time per group.
+``aiogroupq demo`` runs a mixed workload with several worker processes on a
+throwaway server (or ``--redis-url``) and verifies it from a journal.
 """
 
 from __future__ import annotations
@@ -56,8 +49,10 @@ import traceback
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from typing import Any, Final
+from urllib.parse import urlsplit, urlunsplit
 
 import anyio
+from redis.exceptions import RedisError
 
 from ._handlers import build_routes
 from ._keys import validate_queue_name
@@ -70,6 +65,9 @@ DEFAULT_REDIS_URL: Final = "redis://localhost:6379/0"
 _STOP_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
 #: how often a supervised worker checks that its supervisor is still there
 _PARENT_POLL: Final = 0.5
+#: how a worker we stopped may end: one stopped before it installed its
+#: signal handlers dies of the signal, which is still a clean stop
+_STOPPED: Final = frozenset({0, -signal.SIGTERM, -signal.SIGINT, 128 + signal.SIGINT})
 
 Target = Mapping[str, Any] | Callable[..., Any]
 
@@ -83,9 +81,9 @@ def main(argv: list[str] | None = None) -> int:
 
     :param argv: the arguments (default: ``sys.argv[1:]``)
     """
-    parser = _parser()
     try:
-        args = parser.parse_args(argv)
+        args = _parser().parse_args(argv)
+        args.argv = list(sys.argv[1:] if argv is None else argv)
     except SystemExit as exc:  # --help, or argparse's own usage error
         return exc.code if isinstance(exc.code, int) else 2
     logging.basicConfig(
@@ -94,18 +92,18 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)-7s [%(process)d] %(name)s: %(message)s",
     )
     try:
-        if args.command == "demo":
-            from ._demo import run_demo
+        if args.command == "worker":
+            return _worker(args)
+        from ._demo import run_demo
 
-            return run_demo(
-                redis_url=args.redis_url,
-                tasks=args.tasks,
-                groups=args.groups,
-                processes=args.processes,
-                concurrency=args.concurrency,
-                seed=args.seed,
-            )
-        return _worker(args)
+        return run_demo(
+            redis_url=args.redis_url,
+            tasks=args.tasks,
+            groups=args.groups,
+            processes=args.processes,
+            concurrency=args.concurrency,
+            seed=args.seed,
+        )
     except UsageError as exc:
         if exc.__cause__ is not None:  # the user's module raised: show where
             traceback.print_exception(exc.__cause__)
@@ -114,18 +112,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
+    if (value := int(text)) < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
 
 
 def _seconds(text: str) -> float:
-    value = float(text)
-    if not 0 <= value < 10**9:
-        raise argparse.ArgumentTypeError(
-            f"must be a number of seconds >= 0, got {text}"
-        )
+    if not 0 <= (value := float(text)) < 10**9:
+        raise argparse.ArgumentTypeError(f"must be seconds >= 0, got {text}")
     return value
 
 
@@ -152,32 +146,6 @@ def _parser() -> argparse.ArgumentParser:
         default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL),
         help="Redis URL (default: $REDIS_URL, else %(default)s)",
     )
-    worker.add_argument(
-        "--concurrency",
-        type=_positive_int,
-        default=64,
-        help="handlers running at once per process (default: %(default)s)",
-    )
-    worker.add_argument(
-        "--processes",
-        type=_positive_int,
-        default=1,
-        help="worker processes (default: %(default)s)",
-    )
-    worker.add_argument(
-        "--lease-ttl",
-        type=_seconds,
-        help="seconds a silent worker keeps its groups (mapping form; default 30)",
-    )
-    worker.add_argument(
-        "--grace-period",
-        type=_seconds,
-        help="seconds running handlers get on stop (mapping form; default 30)",
-    )
-    worker.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    # Set by --processes for its children: stop when the supervisor is gone.
-    worker.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
-
     demo = commands.add_parser(
         "demo",
         help="run a verified mixed workload on a throwaway server",
@@ -186,14 +154,23 @@ def _parser() -> argparse.ArgumentParser:
         "verify from a journal: every task ran exactly once, in enqueue order "
         "within its group, never two of a group at once.",
     )
-    demo.add_argument(
-        "--redis-url", help="use this server (default: start a throwaway one)"
-    )
-    demo.add_argument("--tasks", type=_positive_int, default=20_000)
-    demo.add_argument("--groups", type=_positive_int, default=2_000)
-    demo.add_argument("--processes", type=_positive_int, default=4)
-    demo.add_argument("--concurrency", type=_positive_int, default=64)
-    demo.add_argument("--seed", type=int, help="workload seed (default: random)")
+    demo.add_argument("--redis-url", help="a server to use (default: a throwaway one)")
+    for command, flag, kind, default, text in (
+        (worker, "--concurrency", _positive_int, 64, "handlers at once per process"),
+        (worker, "--processes", _positive_int, 1, "worker processes"),
+        (worker, "--lease-ttl", _seconds, None, "seconds (mapping form; default 30)"),
+        (worker, "--grace-period", _seconds, None, "seconds (mapping form; default 30)"),
+        (demo, "--tasks", _positive_int, 20_000, "tasks to enqueue"),
+        (demo, "--groups", _positive_int, 2_000, "groups they belong to"),
+        (demo, "--processes", _positive_int, 4, "worker processes"),
+        (demo, "--concurrency", _positive_int, 64, "handlers at once per process"),
+        (demo, "--seed", int, None, "workload seed (default: random)"),
+    ):  # fmt: skip
+        suffix = "" if default is None else " (default: %(default)s)"
+        command.add_argument(flag, type=kind, default=default, help=text + suffix)
+    worker.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    # Set by --processes for its children: stop when the supervisor is gone.
+    worker.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
     return parser
 
 
@@ -209,27 +186,23 @@ def load_target(spec: str) -> Target:
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise UsageError(
-            f"expected module:attr (e.g. myapp.tasks:handlers), got {spec!r}"
+            f"expected module:attr (e.g. app.tasks:handlers), got {spec!r}"
         )
     # Like ``python -m``, so that the console script finds the user's modules.
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
         obj: object = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        missing = exc.name or ""
-        if module_name == missing or module_name.startswith(missing + "."):
-            raise UsageError(f"cannot import module {module_name!r}: {exc}") from None
-        raise UsageError(f"importing module {module_name!r} failed: {exc}") from exc
     except Exception as exc:
+        missing = getattr(exc, "name", None) or "?"
+        if isinstance(exc, ModuleNotFoundError) and f"{module_name}.".startswith(
+            f"{missing}."
+        ):
+            raise UsageError(f"cannot import module {module_name!r}: {exc}") from None
         raise UsageError(f"importing module {module_name!r} failed: {exc!r}") from exc
     for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise UsageError(
-                f"module {module_name!r} has no attribute {attr!r}"
-            ) from None
+        if (obj := getattr(obj, part, _MISSING)) is _MISSING:
+            raise UsageError(f"module {module_name!r} has no attribute {attr!r}")
     if isinstance(obj, Consumer):
         raise UsageError(
             f"{spec} is a Consumer instance; expose the handlers mapping or a "
@@ -241,30 +214,33 @@ def load_target(spec: str) -> Target:
         except ConfigurationError as exc:
             raise UsageError(f"{spec}: {exc}") from None
         return obj
-    if callable(obj):
-        try:
-            inspect.signature(obj).bind(redis_url="", queue=None, concurrency=1)
-        except TypeError as exc:
-            raise UsageError(
-                f"{spec} must accept the keyword arguments redis_url, queue and "
-                f"concurrency: {exc}"
-            ) from None
-        except ValueError:
-            pass  # no signature to inspect (some builtins): let the call decide
-        return obj
-    raise UsageError(
-        f"{spec} is a {type(obj).__name__}: expected a mapping of task type -> "
-        "async handler, or a factory(*, redis_url, queue, concurrency) returning "
-        "an aiogroupq.Consumer"
-    )
+    if not callable(obj):
+        raise UsageError(
+            f"{spec} is a {type(obj).__name__}: expected a mapping of task type -> "
+            "async handler, or a factory(*, redis_url, queue, concurrency) "
+            "returning an aiogroupq.Consumer"
+        )
+    try:
+        inspect.signature(obj).bind(redis_url="", queue=None, concurrency=1)
+    except TypeError as exc:
+        raise UsageError(
+            f"{spec} must accept the keyword arguments redis_url, queue and "
+            f"concurrency: {exc}"
+        ) from None
+    except ValueError:
+        pass  # no signature to inspect (some builtins): let the call decide
+    return obj
+
+
+_MISSING: Final = object()
 
 
 def _check_options(spec: str, target: Target, args: argparse.Namespace) -> None:
-    if args.queue is not None:
-        try:
+    try:
+        if args.queue is not None:
             validate_queue_name(args.queue)
-        except ConfigurationError as exc:
-            raise UsageError(str(exc)) from None
+    except ConfigurationError as exc:
+        raise UsageError(str(exc)) from None
     if isinstance(target, Mapping):
         if args.queue is None:
             raise UsageError(f"--queue is required: {spec} is a mapping of handlers")
@@ -279,42 +255,29 @@ def _check_options(spec: str, target: Target, args: argparse.Namespace) -> None:
 async def _open_consumer(
     spec: str, target: Target, args: argparse.Namespace
 ) -> AsyncIterator[Consumer]:
+    # A ConfigurationError raised here becomes a one-line error in _worker.
     if isinstance(target, Mapping):
-        options: dict[str, Any] = {}
-        if args.lease_ttl is not None:
-            options["lease_ttl"] = args.lease_ttl
-        if args.grace_period is not None:
-            options["grace_period"] = args.grace_period
-        try:
-            consumer = Consumer(
-                args.redis_url,
-                queue=args.queue,
-                handlers=target,
-                concurrency=args.concurrency,
-                **options,
-            )
-        except ConfigurationError as exc:
-            raise UsageError(str(exc)) from None
-        async with consumer:
-            yield consumer
-        return
-    try:
+        options = {"lease_ttl": args.lease_ttl, "grace_period": args.grace_period}
+        made: Any = Consumer(
+            args.redis_url,
+            queue=args.queue,
+            handlers=target,
+            concurrency=args.concurrency,
+            **{name: value for name, value in options.items() if value is not None},
+        )
+    else:
         made = target(
             redis_url=args.redis_url, queue=args.queue, concurrency=args.concurrency
         )
         if inspect.isawaitable(made):
             made = await made
-    except ConfigurationError as exc:
-        raise UsageError(f"{spec}: {exc}") from None
     if isinstance(made, Consumer):
         async with made:
             yield made
     elif isinstance(made, AbstractAsyncContextManager):
         async with made as consumer:
             if not isinstance(consumer, Consumer):
-                raise UsageError(
-                    f"{spec} yielded {consumer!r}, not an aiogroupq.Consumer"
-                )
+                raise UsageError(f"{spec} yielded {consumer!r}, not a Consumer")
             async with consumer:
                 yield consumer
     else:
@@ -332,21 +295,26 @@ def _worker(args: argparse.Namespace) -> int:
     try:
         anyio.run(_serve, args.target, target, args)
     except BaseException as exc:
-        inner = _sole(exc)
-        if isinstance(inner, UsageError):
-            raise inner from inner.__cause__
-        if isinstance(inner, KeyboardInterrupt):
-            return 130
-        logger.critical("worker failed", exc_info=inner)
+        # Task groups wrap what they raise; unwrap single exceptions.
+        while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+            exc = exc.exceptions[0]
+        if isinstance(exc, UsageError):
+            raise exc from exc.__cause__
+        if isinstance(exc, ConfigurationError):  # e.g. an unusable --redis-url
+            raise UsageError(str(exc)) from None
+        if isinstance(exc, KeyboardInterrupt):
+            return 128 + signal.SIGINT
+        if isinstance(exc, RedisError | OSError):
+            logger.critical(
+                "worker stopped: Redis at %s failed: %s",
+                _safe_url(args.redis_url),
+                exc,
+                exc_info=exc if args.verbose else None,
+            )
+        else:
+            logger.critical("worker failed", exc_info=exc)
         return 1
     return 0
-
-
-def _sole(exc: BaseException) -> BaseException:
-    """The one exception inside nested single-member exception groups."""
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc
 
 
 async def _serve(spec: str, target: Target, args: argparse.Namespace) -> None:
@@ -362,10 +330,7 @@ async def _serve(spec: str, target: Target, args: argparse.Namespace) -> None:
                 with run_scope:
                     async with _open_consumer(spec, target, args) as consumer:
                         logger.info(
-                            "worker ready: %s on queue %r (send SIGTERM or SIGINT "
-                            "to stop)",
-                            spec,
-                            consumer.queue,
+                            "worker ready: %s on queue %r", spec, consumer.queue
                         )
                         await stop.wait()
             finally:
@@ -378,19 +343,19 @@ async def _watch_signals(
     run_scope: anyio.CancelScope,
 ) -> None:
     async for signum in signals:
-        if not stop.is_set():
+        if stop.is_set():
+            logger.warning("%s again: cancelling running tasks", signum.name)
+            run_scope.cancel()
+        else:
             logger.info(
                 "%s: finishing running tasks (send it again to stop at once)",
                 signum.name,
             )
             stop.set()
-        else:
-            logger.warning("%s again: cancelling running tasks", signum.name)
-            run_scope.cancel()
 
 
 async def _watch_parent(parent_pid: int, stop: anyio.Event) -> None:
-    while True:
+    while True:  # nothing notifies us when our parent dies: poll
         await anyio.sleep(_PARENT_POLL)
         if os.getppid() != parent_pid:
             break
@@ -398,23 +363,16 @@ async def _watch_parent(parent_pid: int, stop: anyio.Event) -> None:
     stop.set()
 
 
+def _safe_url(url: str) -> str:
+    """*url* without its password, for logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
 # -- several worker processes --------------------------------------------------
-
-
-def _child_argv(args: argparse.Namespace) -> list[str]:
-    argv = [sys.executable, "-m", "aiogroupq", "worker", args.target]
-    argv += ["--processes", "1", "--parent-pid", str(os.getpid())]
-    argv += ["--redis-url", args.redis_url, "--concurrency", str(args.concurrency)]
-    for flag, value in (
-        ("--queue", args.queue),
-        ("--lease-ttl", args.lease_ttl),
-        ("--grace-period", args.grace_period),
-    ):
-        if value is not None:
-            argv += [flag, str(value)]
-    if args.verbose:
-        argv.append("-v")
-    return argv
 
 
 def _exit_status(code: int) -> int:
@@ -424,49 +382,43 @@ def _exit_status(code: int) -> int:
 def _supervise(args: argparse.Namespace) -> int:
     children: list[subprocess.Popen[bytes]] = []
     stopping = False
+    first_to_end: subprocess.Popen[bytes] | None = None
 
-    def stop_children(signum: int) -> None:
+    def stop_children(signum: int, frame: object = None) -> None:
+        nonlocal stopping
+        stopping = True
         for child in children:
             if child.poll() is None:
                 with suppress(ProcessLookupError):
                     child.send_signal(signum)
 
-    def on_signal(signum: int, frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-        stop_children(signum)
-
-    previous = {signum: signal.signal(signum, on_signal) for signum in _STOP_SIGNALS}
-    failed = 0
+    previous = {
+        signum: signal.signal(signum, stop_children) for signum in _STOP_SIGNALS
+    }
     try:
-        argv = _child_argv(args)
-        for _ in range(args.processes):
-            if stopping:
-                break
+        # The same command line: later options override earlier ones.
+        argv = [sys.executable, "-m", "aiogroupq", *args.argv, "--processes", "1"]
+        argv += ["--parent-pid", str(os.getpid())]
+        while len(children) < args.processes and not stopping:
             # Own process group: a terminal's Ctrl-C reaches only us, and we
             # forward it once (twice would cut the grace period short).
             children.append(subprocess.Popen(argv, process_group=0))
         logger.info("started %d worker processes", len(children))
         while any(child.poll() is None for child in children):
-            ended = [c for c in children if c.returncode is not None]
+            ended = [child for child in children if child.returncode is not None]
             if not stopping and ended:
-                code = ended[0].returncode
-                logger.error(
+                first_to_end = ended[0]
+                logger.log(
+                    logging.ERROR if first_to_end.returncode else logging.WARNING,
                     "worker process %d exited with status %d: stopping the others",
-                    ended[0].pid,
-                    _exit_status(code),
+                    first_to_end.pid,
+                    _exit_status(first_to_end.returncode),
                 )
-                stopping = True
                 stop_children(signal.SIGTERM)
-            if (
-                not stopping
-                and args.parent_pid is not None
-                and os.getppid() != args.parent_pid
-            ):
+            elif not stopping and args.parent_pid not in (None, os.getppid()):
                 logger.warning("the supervising process is gone: stopping")
-                stopping = True
                 stop_children(signal.SIGTERM)
-            time.sleep(0.1)
+            time.sleep(0.1)  # a supervisor has nothing better to do
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
@@ -474,12 +426,11 @@ def _supervise(args: argparse.Namespace) -> int:
             if child.poll() is None:  # we are failing ourselves: leave no orphans
                 child.kill()
                 child.wait()
+    failed = 0
     for child in children:
-        if child.returncode != 0:
-            failed = failed or _exit_status(child.returncode)
-            logger.error(
-                "worker process %d exited with status %d",
-                child.pid,
-                _exit_status(child.returncode),
-            )
+        code = child.returncode
+        if code != 0 and (child is first_to_end or code not in _STOPPED):
+            status = _exit_status(code)
+            logger.error("worker process %d failed with status %d", child.pid, status)
+            failed = failed or status
     return failed

