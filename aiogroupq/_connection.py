@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Final, ParamSpec, TypeVar
 
+import anyio
 from redis.asyncio import Redis
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.exceptions import ConnectionError, ResponseError, TimeoutError
@@ -78,7 +79,9 @@ async def open_client(redis: RedisLike, *, retry: bool) -> AsyncIterator[Redis]:
     try:
         yield client
     finally:
-        await client.aclose()
+        # Also when we are being cancelled: else the connection leaks.
+        with anyio.CancelScope(shield=True):
+            await client.aclose()
 
 
 def unavailable_as_error(

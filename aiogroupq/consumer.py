@@ -218,12 +218,13 @@ class Consumer(anyio.AsyncContextManagerMixin):
                                 )
                     finally:
                         with anyio.CancelScope(shield=True):
-                            await self._wind_down(send, receive, finisher)
+                            await self._wind_down(client, send, receive, finisher)
                         outer.cancel_scope.cancel()
             logger.info("consumer %s stopped: %s", self.name, self.stats)
 
     async def _wind_down(
         self,
+        client: Redis,
         send: MemoryObjectSendStream[Running],
         receive: MemoryObjectReceiveStream[Running],
         finisher: Finisher,
@@ -241,6 +242,14 @@ class Consumer(anyio.AsyncContextManagerMixin):
                 "recovered when their leases expire",
                 left,
             )
+        # A claim cancelled after the server ran it left tasks we never saw in
+        # our recovery key: give them back now, not at lease expiry.
+        with contextlib.suppress(RedisError, OSError):
+            given_back = await _scripts.recover(
+                client, self._keys, self.name, counted=False, keep=list(self._running)
+            )
+            if given_back:
+                logger.info("gave back %d tasks claimed while stopping", given_back)
 
     def _stop_claiming(self) -> None:
         self._stopping = True

@@ -125,7 +125,12 @@ class Journal:
     @asynccontextmanager
     async def run(self, job: Job) -> AsyncIterator[aiogroupq.TaskInfo]:
         """Journal a start, run the body, journal an end (even on error)."""
-        await self.record("start", job)
+        # Shielded: cancelled while awaiting the reply, the start would be in
+        # the journal with no end ever written (the Lua ran, we just did not
+        # hear back). Shielded, the cancellation lands in the body instead,
+        # and the end below is written.
+        with anyio.CancelScope(shield=True):
+            await self.record("start", job)
         ok = False
         try:
             yield aiogroupq.current_task()
@@ -143,14 +148,18 @@ class Journal:
 
     async def wait_done(self, total: int, *, poll: float = 0.02) -> None:
         """Wait until *total* distinct tasks are done (callers bound the wait)."""
-        while await self.done_count() < total:
+        # The done set lives in Redis and is filled by other processes too:
+        # there is no local event to wait on, so poll it.
+        while True:
+            if await self.done_count() >= total:
+                return
             await anyio.sleep(poll)
 
     async def entries(self) -> list[Entry]:
         """Every event so far, in clock order."""
-        raw: list[bytes] = await self._client.lrange(self._keys[1], 0, -1)
         out = []
-        for line in raw:
+        for line in await self._client.lrange(self._keys[1], 0, -1):
+            assert isinstance(line, bytes)  # the client does not decode replies
             clock, _, body = line.partition(b" ")
             r = msgspec.json.decode(body, type=_Record)
             out.append(
@@ -309,6 +318,14 @@ def check(entries: Iterable[Entry], expected: Mapping[int, Job]) -> Figures:
 # -- consumer processes -------------------------------------------------------
 
 
+class Flag(Protocol):
+    """The part of ``multiprocessing.synchronize.Event`` used here."""
+
+    def set(self) -> None: ...
+
+    def is_set(self) -> bool: ...
+
+
 def consume_in_process(
     url: str,
     queue: str,
@@ -339,15 +356,9 @@ async def _consume(
         ):
             ready.set()
             # A multiprocessing Event cannot be awaited; polling it is cheap.
-            while not stop.is_set():
+            while True:
+                if stop.is_set():
+                    break
                 await anyio.sleep(0.05)
     finally:
         await client.aclose()
-
-
-class Flag(Protocol):
-    """The part of ``multiprocessing.synchronize.Event`` used here."""
-
-    def set(self) -> None: ...
-
-    def is_set(self) -> bool: ...
