@@ -90,7 +90,9 @@ class Consumer(anyio.AsyncContextManagerMixin):
     :param name: the consumer's identity in Redis (default: host, pid and a
         random suffix)
     :param grace_period: seconds running handlers get to finish on exit
-    :param retention: seconds a succeeded task's state stays readable
+    :param retention: seconds a succeeded or cancelled task's state (and
+        stored result) stays readable; at least 60 are kept, so that a re-sent
+        acknowledgement is recognised
     :param retry_backoff: seconds before the first retry of a failed task
         (doubling per attempt, with jitter)
     :param retry_backoff_max: cap of the retry delay in seconds

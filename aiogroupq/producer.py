@@ -71,7 +71,7 @@ class Producer(anyio.AsyncContextManagerMixin):
     :param default_max_attempts: ``max_attempts`` of tasks that do not set it
     :param dedup_window: seconds during which a ``dedup_key`` is remembered
     :param retention: seconds a task cancelled through this producer stays
-        readable
+        readable (at least 60)
     :raises ConfigurationError: if an argument is unusable
     """
 

@@ -99,17 +99,17 @@ local function notify(id, key)
   end
 end
 
--- A terminal state that expires after the retention window (0: at once).
+-- Shortest life of a finished task's hash: a re-sent finish must still find
+-- its token there to be answered "already applied", not "lease lost".
+local MIN_RETENTION = 60000
+
+-- A terminal state that expires after the retention window.
 local function conclude(id, state, now, retention)
   local key = k_task(id)
   notify(id, key)
-  if retention > 0 then
-    redis.call('HSET', key, 's', state, 'ft', now)
-    redis.call('HDEL', key, 'e', 'c')
-    redis.call('PEXPIRE', key, retention)
-  else
-    redis.call('DEL', key)
-  end
+  redis.call('HSET', key, 's', state, 'ft', now)
+  redis.call('HDEL', key, 'e', 'c')
+  redis.call('PEXPIRE', key, math.max(retention, MIN_RETENTION))
 end
 
 -- Terminal state "dead": keep the envelope for inspection and requeue, until

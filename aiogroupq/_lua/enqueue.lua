@@ -21,7 +21,7 @@
            order (see route()); a delayed one waits in the delayed ZSET.
 ]]
 local window, n = tonumber(ARGV[2]), tonumber(ARGV[3])
-if not window or not n or #ARGV ~= 3 + 7 * n then
+if not window or window <= 0 or not n or #ARGV ~= 3 + 7 * n then
   return redis.error_reply('ERR aiogroupq enqueue: malformed arguments')
 end
 -- Validate everything before the first write: scripts do not roll back.

@@ -2,8 +2,8 @@
 --[[ finish.lua: apply a batch of attempt outcomes, each fenced by its token.
   KEYS[1..6]  the common keys (see _lib.lua)
   ARGV[1]     key prefix
-  ARGV[2]     retention of succeeded and cancelled tasks in ms (0: forget
-              them at once)
+  ARGV[2]     retention of succeeded and cancelled tasks in ms (at least a
+              minute is kept, so that a re-sent batch is recognised)
   ARGV[3]     n, the number of outcomes; then 5 arguments per outcome:
     id, token  the task and the fencing token its claim handed out
     kind       "ok"      succeeded; arg1 is the encoded result to keep, or ""
