@@ -67,6 +67,14 @@ class QueueKeys:
         """SET of task ids a consumer holds: its recovery key."""
         return f"{self.prefix}inflight:{consumer}"
 
+    def consumer(self, name: str) -> str:
+        """STRING: the live process holding an explicit consumer name."""
+        return f"{self.prefix}consumer:{name}"
+
+    def last_claim(self, consumer: str) -> str:
+        """STRING: the nonce and task ids of a consumer's latest claim."""
+        return f"{self.prefix}lastclaim:{consumer}"
+
     def dedup(self, dedup_key: str) -> str:
         """STRING: id of the task that used *dedup_key* within the window."""
         return f"{self.prefix}dedup:{dedup_key}"

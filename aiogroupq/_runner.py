@@ -270,7 +270,9 @@ async def run_task(
         try:
             encoded = encode_payload(result)
         except (TypeError, msgspec.EncodeError, OverflowError) as exc:
-            attempt.dead(f"UnencodableResult: {exc}")
+            attempt.dead(
+                f"UnencodableResult: {exc}", halt=route.options.on_dead == "halt"
+            )
         else:
             logger.debug("task %s succeeded", claimed.id)
             attempt.outcome("ok", bytes(encoded))

@@ -13,6 +13,7 @@ run.
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -93,8 +94,19 @@ RECOVER: Final = Script("recover")
 CANCEL: Final = Script("cancel")
 DEAD: Final = Script("dead")
 WAIT: Final = Script("wait")
+IDENTITY: Final = Script("identity")
 
-ALL_SCRIPTS: Final = (ENQUEUE, CLAIM, FINISH, HEARTBEAT, RECOVER, CANCEL, DEAD, WAIT)
+ALL_SCRIPTS: Final = (
+    ENQUEUE,
+    CLAIM,
+    FINISH,
+    HEARTBEAT,
+    RECOVER,
+    CANCEL,
+    DEAD,
+    WAIT,
+    IDENTITY,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,11 +176,14 @@ async def claim(
     recover_limit: int = 100,
 ) -> ClaimReply:
     """Recover, promote, then claim up to *k* tasks for *consumer*."""
+    # The nonce makes a re-sent call (redis-py retrying after a lost reply)
+    # return what the first one claimed instead of claiming more.
+    nonce = os.urandom(8).hex()
     reply = await CLAIM(
         client,
         keys,
-        (keys.inflight(consumer),),
-        (consumer, k, lease_ms, scan_limit, promote_limit, recover_limit),
+        (keys.inflight(consumer), keys.last_claim(consumer)),
+        (consumer, k, lease_ms, scan_limit, promote_limit, recover_limit, nonce),
     )
     tasks = [
         Claimed(reply[i].decode(), reply[i + 1], int(reply[i + 2]), int(reply[i + 3]))
@@ -214,6 +229,14 @@ async def recover(
     """Give back *consumer*'s held tasks except *keep*; return how many."""
     args: list[EncodableT] = [1 if counted else 0, *keep]
     return int(await RECOVER(client, keys, (keys.inflight(consumer),), args))
+
+
+async def identity(
+    client: Redis, keys: QueueKeys, name: str, op: str, me: str, ttl_ms: int
+) -> str:
+    """Run an ``identity.lua`` operation; return "" or the other holder."""
+    holder = await IDENTITY(client, keys, (keys.consumer(name),), (op, me, ttl_ms))
+    return bytes(holder).decode()
 
 
 async def task_state(client: Redis, keys: QueueKeys, task_id: str) -> str | None:
@@ -328,4 +351,7 @@ async def wait_done(
         if left <= 0:
             return state, None, ""
         if await client.blpop([done], timeout=min(left, block_cap)) is not None:
-            await client.rpush(done, "1")
+            row = await WAIT(client, keys, (), (task_id,))
+            if row and bytes(row[0]).decode() not in ("queued", "delayed", "running"):
+                await client.rpush(done, "1")  # for the other waiters
+            # else a stale token (a dead letter requeued since): dropped

@@ -5,7 +5,9 @@
 
 (a) a mapping of task type -> async handler. The worker runs
     ``Consumer(--redis-url, queue=--queue, handlers=attr, concurrency=...,
-    lease_ttl=..., grace_period=...)``; ``--queue`` is required::
+    lease_ttl=..., grace_period=..., name=...)``; ``--queue`` is required.
+    With ``--name``, a worker restarted under the same name resumes its
+    unfinished tasks at once instead of after their leases expire::
 
         handlers = {"import_rows": import_rows}    # in myapp/tasks.py
         $ aiogroupq worker myapp.tasks:handlers --queue imports
@@ -168,6 +170,11 @@ def _parser() -> argparse.ArgumentParser:
     ):  # fmt: skip
         suffix = "" if default is None else " (default: %(default)s)"
         command.add_argument(flag, type=kind, default=default, help=text + suffix)
+    worker.add_argument(
+        "--name",
+        help="consumer name (mapping form; with --processes N, NAME-1..NAME-N): "
+        "a worker restarted with its name resumes its unfinished tasks at once",
+    )
     worker.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     # Set by --processes for its children: stop when the supervisor is gone.
     worker.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
@@ -244,9 +251,9 @@ def _check_options(spec: str, target: Target, args: argparse.Namespace) -> None:
     if isinstance(target, Mapping):
         if args.queue is None:
             raise UsageError(f"--queue is required: {spec} is a mapping of handlers")
-    elif args.lease_ttl is not None or args.grace_period is not None:
+    elif (args.lease_ttl, args.grace_period, args.name) != (None, None, None):
         raise UsageError(
-            f"--lease-ttl and --grace-period apply to a mapping of handlers; "
+            f"--lease-ttl, --grace-period and --name apply to a mapping of handlers; "
             f"{spec} is a factory: set them in the Consumer it creates"
         )
 
@@ -257,7 +264,11 @@ async def _open_consumer(
 ) -> AsyncIterator[Consumer]:
     # A ConfigurationError raised here becomes a one-line error in _worker.
     if isinstance(target, Mapping):
-        options = {"lease_ttl": args.lease_ttl, "grace_period": args.grace_period}
+        options = {
+            "lease_ttl": args.lease_ttl,
+            "grace_period": args.grace_period,
+            "name": args.name,
+        }
         made: Any = Consumer(
             args.redis_url,
             queue=args.queue,
@@ -400,9 +411,14 @@ def _supervise(args: argparse.Namespace) -> int:
         argv = [sys.executable, "-m", "aiogroupq", *args.argv, "--processes", "1"]
         argv += ["--parent-pid", str(os.getpid())]
         while len(children) < args.processes and not stopping:
+            named = (
+                []
+                if args.name is None
+                else ["--name", f"{args.name}-{len(children) + 1}"]
+            )
             # Own process group: a terminal's Ctrl-C reaches only us, and we
             # forward it once (twice would cut the grace period short).
-            children.append(subprocess.Popen(argv, process_group=0))
+            children.append(subprocess.Popen(argv + named, process_group=0))
         logger.info("started %d worker processes", len(children))
         while any(child.poll() is None for child in children):
             ended = [child for child in children if child.returncode is not None]

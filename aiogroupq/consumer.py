@@ -25,6 +25,7 @@ from . import _scripts
 from ._connection import RedisLike, check_server, open_client, socket_timeout
 from ._finisher import Finisher
 from ._handlers import Handler, HandlerFunc, build_routes
+from ._identity import Identity
 from ._keys import QueueKeys
 from ._runner import RetryPolicy, Running, run_task
 from .errors import ConfigurationError, QueueFullError
@@ -156,6 +157,10 @@ class Consumer(anyio.AsyncContextManagerMixin):
         self.name: str = name or (
             f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         )
+        # A generated name is unique; an explicit one must be held.
+        self._identity = (
+            None if name is None else Identity(self._keys, name, self._lease_ttl)
+        )
         self._running: dict[str, Running] = {}
         self._free = concurrency
         self._free_changed = anyio.Event()
@@ -190,6 +195,8 @@ class Consumer(anyio.AsyncContextManagerMixin):
     async def __asynccontextmanager__(self) -> AsyncGenerator[Self]:
         async with open_client(self._redis, retry=False) as client:
             await check_server(client)
+            if self._identity is not None:
+                await self._identity.acquire(client)
             finisher = self._finisher = Finisher(
                 client,
                 self._keys,
@@ -234,7 +241,8 @@ class Consumer(anyio.AsyncContextManagerMixin):
         """Hand back what was claimed but never started, and record every
         outcome (runs shielded, also when the block failed)."""
         send.close()
-        for running in _drain(receive):  # in claim order: fronts stay in order
+        # Each hand-back goes to the front: reversed, they keep claim order.
+        for running in reversed(_drain(receive)):
             self._hand_back(running, finisher)
         receive.close()
         left = await finisher.close(timeout=10.0)
@@ -252,6 +260,8 @@ class Consumer(anyio.AsyncContextManagerMixin):
             )
             if given_back:
                 logger.info("gave back %d tasks claimed while stopping", given_back)
+            if self._identity is not None:
+                await self._identity.release(client)
 
     def _stop_claiming(self) -> None:
         self._stopping = True
@@ -342,17 +352,18 @@ class Consumer(anyio.AsyncContextManagerMixin):
                 self._counts["claimed"] += len(reply.tasks)
                 if len(reply.tasks) == k or reply.more:
                     continue
-                timeout = block_cap
-                if 0 <= reply.wait_ms < block_cap * 1000:
-                    timeout = reply.wait_ms / 1000
-                await self._block(client, timeout)
+                due = 0 <= reply.wait_ms < block_cap * 1000
+                timeout = reply.wait_ms / 1000 if due else block_cap
+                await self._block(client, timeout, due=due)
 
-    async def _block(self, client: Redis | None, timeout: float) -> None:
+    async def _block(
+        self, client: Redis | None, timeout: float, *, due: bool = False
+    ) -> None:
         """Wait up to *timeout* for a wake token (or just sleep without client).
 
-        The server ends blocking pops on its cron tick (10 per second by
-        default), too coarse for delayed tasks, so a local timer pushes a token
-        at the precise due time; the pop itself keeps its full timeout.
+        With *due*, a delayed task falls due when *timeout* ends. The server
+        ends blocking pops on its cron tick (10 per second by default), too
+        coarse for that, so a local timer pushes a token at the precise time.
         """
         with anyio.CancelScope() as scope:
             self._block_scope = scope
@@ -362,7 +373,7 @@ class Consumer(anyio.AsyncContextManagerMixin):
                 await anyio.sleep(timeout)
                 return
             async with anyio.create_task_group() as tg:
-                if timeout < MAX_BLOCK:
+                if due:
                     tg.start_soon(self._poke, client, timeout)
                 try:
                     await client.blpop(
@@ -453,6 +464,9 @@ class Consumer(anyio.AsyncContextManagerMixin):
         lease_ms = round(self._lease_ttl * 1000)
         while True:
             await anyio.sleep(interval)
+            if self._identity is not None:
+                with contextlib.suppress(RedisError, OSError):
+                    await self._identity.renew(client)
             snapshot = list(self._running.values())
             if not snapshot:
                 continue

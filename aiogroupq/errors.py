@@ -14,8 +14,7 @@ The hierarchy::
     ├── TaskCancelledError          the awaited task was cancelled
     ├── NoResultError               the awaited task's type stores no result
     ├── QueueFullError              Redis is out of memory and refused new work
-    ├── RedisUnavailableError       Redis could not be reached within the budget
-    └── LeaseLostError              our fencing token no longer owns the task
+    └── RedisUnavailableError       Redis could not be reached within the budget
 
 :class:`Retry` is not an error: a handler raises it to ask for another attempt.
 """
@@ -27,7 +26,6 @@ __all__ = (
     "ConfigurationError",
     "InvalidGroupError",
     "InvalidTaskError",
-    "LeaseLostError",
     "NoResultError",
     "PayloadTooLargeError",
     "QueueFullError",
@@ -163,17 +161,6 @@ class RedisUnavailableError(AiogroupqError, ConnectionError):
             f"Redis is unreachable ({detail}); the command was retried "
             "with backoff and gave up"
         )
-
-
-class LeaseLostError(AiogroupqError):
-    """The task's lease passed to another claim: our acknowledgement was refused."""
-
-    def __init__(self, task_id: str) -> None:
-        super().__init__(
-            f"lease on task {task_id!r} was lost (expired or taken over); "
-            "its result was not recorded"
-        )
-        self.task_id = task_id
 
 
 class Retry(Exception):  # a control-flow signal, like anyio's WouldBlock

@@ -25,7 +25,6 @@ PUBLIC_NAMES = frozenset(
         "Handler",
         "InvalidGroupError",
         "InvalidTaskError",
-        "LeaseLostError",
         "NoResultError",
         "PayloadTooLargeError",
         "Producer",
@@ -129,7 +128,6 @@ def test_error_hierarchy() -> None:
         aiogroupq.TaskFailedError,
         aiogroupq.TaskCancelledError,
         aiogroupq.NoResultError,
-        aiogroupq.LeaseLostError,
         aiogroupq.QueueFullError,
         aiogroupq.RedisUnavailableError,
     ):

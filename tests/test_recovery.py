@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import socket
+import subprocess
 import time
 
 import anyio
 import anyio.lowlevel
+import pytest
 import redis.asyncio
 
 import aiogroupq
@@ -111,3 +114,47 @@ async def test_stalled_consumer_loses_lease_and_its_ack_is_refused(
         assert stalled.stats.lease_lost == 1
         assert stalled.stats.succeeded + other.stats.succeeded == 1
     assert runs == ["stall-1", "stall-2"]
+
+
+async def test_two_live_consumers_never_share_a_name(
+    redis_client: redis.asyncio.Redis,
+) -> None:
+    async def h() -> None:
+        pass
+
+    async with aiogroupq.Consumer(
+        redis_client, queue=QUEUE, handlers={"h": h}, name="twin", lease_ttl=0.5
+    ):
+        with pytest.raises(aiogroupq.ConfigurationError, match="named 'twin'"):
+            async with aiogroupq.Consumer(
+                redis_client, queue=QUEUE, handlers={"h": h}, name="twin", lease_ttl=0.5
+            ):
+                pass
+    # Once the first let go, the name is free again.
+    async with aiogroupq.Consumer(
+        redis_client, queue=QUEUE, handlers={"h": h}, name="twin", lease_ttl=0.5
+    ):
+        pass
+
+
+async def test_name_of_a_dead_process_on_this_host_is_taken_over_at_once(
+    redis_client: redis.asyncio.Redis,
+) -> None:
+    dead_pid = _exited_pid()
+    holder = f"{socket.gethostname()}:{dead_pid}:feed"
+    await redis_client.set(QueueKeys(QUEUE).consumer("phoenix"), holder, px=3_600_000)
+
+    async def h() -> None:
+        pass
+
+    with anyio.fail_after(5):  # not the hour the stale hold would last
+        async with aiogroupq.Consumer(
+            redis_client, queue=QUEUE, handlers={"h": h}, name="phoenix"
+        ):
+            pass
+
+
+def _exited_pid() -> int:
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid

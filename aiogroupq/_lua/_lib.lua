@@ -130,14 +130,18 @@ end
 
 -- The one recovery path (expired lease, restarted owner, lost claim reply):
 -- the task goes back to the very front of its group, or, when counted and
--- past its last attempt, to the dead letters. Returns true if the ready list
--- grew.
+-- past its last attempt, to the dead letters; a task whose cancellation was
+-- requested ends cancelled. Returns true if the ready list grew.
 local function recover(id, now, why, counted)
   local key = k_task(id)
-  local f = redis.call('HMGET', key, 'g', 'a', 'm', 'c', 's')
+  local f = redis.call('HMGET', key, 'g', 'a', 'm', 'c', 's', 'cx')
   drop_lease(id, f[4])
   if f[5] ~= 'running' then return false end
   redis.call('HDEL', key, 'c')
+  if f[6] then -- cancellation was requested: honour it instead of a rerun
+    conclude(id, 'cancelled', now, 0)
+    return release(f[1])
+  end
   local attempt, max_attempts = tonumber(f[2] or 0), tonumber(f[3] or 1)
   if not counted then
     redis.call('HINCRBY', key, 'a', -1)

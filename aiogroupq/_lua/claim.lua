@@ -3,6 +3,7 @@
   runnable tasks of distinct groups for one consumer.
   KEYS[1..6]  the common keys (see _lib.lua)
   KEYS[7]     {aiogroupq:<q>}:inflight:<consumer>   SET, the consumer's recovery key
+  KEYS[8]     {aiogroupq:<q>}:lastclaim:<consumer>  STRING "<nonce>:<id>,<id>..."
   ARGV[1]     key prefix
   ARGV[2]     consumer name
   ARGV[3]     k, the most tasks to claim
@@ -10,6 +11,9 @@
   ARGV[5]     the most ready entries to look at (bounds the script's time)
   ARGV[6]     the most due delayed tasks to promote
   ARGV[7]     the most expired leases to recover
+  ARGV[8]     a nonce unique to this call: a re-sent call (a client retrying
+              after a lost reply) is answered with the tasks the first one
+              claimed, instead of claiming more
   returns  {wait_ms, more, id1, envelope1, attempt1, token1, id2, ...}
            wait_ms: ms until the next delayed task is due, -1 if none
            more: 1 if runnable entries are left in the ready list
@@ -27,6 +31,37 @@ if not (k and lease_ms and scan_limit and promote_limit and recover_limit) then
   return redis.error_reply('ERR aiogroupq claim: malformed arguments')
 end
 local now = now_ms()
+local nonce, last_key = ARGV[8], KEYS[8]
+
+-- The reply's tail: is more runnable, and when is the next delayed task due.
+local function reply(out)
+  if redis.call('LLEN', K_READY) > 0 then
+    out[2] = 1
+    -- Others may be idle while we are full: keep one of them awake.
+    wake(1)
+  end
+  local first = redis.call('ZRANGE', K_DELAYED, 0, 0, 'WITHSCORES')
+  if first[2] then
+    local wait = tonumber(first[2]) - now
+    out[1] = wait > 0 and wait or 0
+  end
+  return out
+end
+
+local last = redis.call('GET', last_key)
+if last and string.sub(last, 1, #nonce + 1) == nonce .. ':' then
+  local out = {-1, 0}
+  for id in string.gmatch(string.sub(last, #nonce + 2), '[^,]+') do
+    local f = redis.call('HMGET', k_task(id), 'e', 'a', 'k', 's', 'c')
+    if f[4] == 'running' and f[5] == consumer then
+      out[#out + 1] = id
+      out[#out + 1] = f[1]
+      out[#out + 1] = tonumber(f[2])
+      out[#out + 1] = tonumber(f[3])
+    end
+  end
+  return reply(out)
+end
 
 -- (a) Recovery comes before any claim, so an interrupted task is at the front
 -- of its group again before a later task of its group could be looked at.
@@ -54,6 +89,7 @@ end
 
 -- (c) Claim from the head of the ready list.
 local out = {-1, 0}
+local ids = {}
 local claimed, scanned = 0, 0
 local inflight = KEYS[7]
 while claimed < k and scanned < scan_limit do
@@ -84,6 +120,7 @@ while claimed < k and scanned < scan_limit do
       redis.call('ZADD', K_LEASES, now + lease_ms, id)
       redis.call('SADD', inflight, id)
       claimed = claimed + 1
+      ids[claimed] = id
       out[#out + 1] = id
       out[#out + 1] = f[1]
       out[#out + 1] = attempt
@@ -92,15 +129,5 @@ while claimed < k and scanned < scan_limit do
   end
 end
 
-local left = redis.call('LLEN', K_READY)
-if left > 0 then
-  out[2] = 1
-  -- Others may be idle while we are full: keep one of them awake.
-  wake(1)
-end
-local first = redis.call('ZRANGE', K_DELAYED, 0, 0, 'WITHSCORES')
-if first[2] then
-  local wait = tonumber(first[2]) - now
-  out[1] = wait > 0 and wait or 0
-end
-return out
+redis.call('SET', last_key, nonce .. ':' .. table.concat(ids, ','), 'PX', lease_ms)
+return reply(out)

@@ -38,7 +38,8 @@ for i = 3, #ARGV do
         redis.call('DEL', key)
         if halted_by_it and release(g) then readied = readied + 1 end
       else
-        redis.call('HDEL', key, 'x', 'tb', 'ft', 'f', 'k', 'cx')
+        redis.call('HDEL', key, 'x', 'tb', 'ft', 'f', 'k', 'cx', 'w')
+        redis.call('DEL', k_done(id)) -- its end is in the future again
         redis.call('HSET', key, 'a', 0, 's', 'queued')
         if not g or halted_by_it or not lock then
           requeue_front(id, g)

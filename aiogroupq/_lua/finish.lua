@@ -14,7 +14,9 @@
                          group passes on to its next task
                "halt"    the same, but the group stops behind the dead task
                          until an operator requeues it or releases the group
-               "cancel"  cancelled on request while running
+               "cancel"  cancelled on request while running (a "retry" or
+                         "back" of a task whose cancellation was requested
+                         becomes "cancel" too)
                "back"    hand back unfinished (shutdown): front of its group,
                          the attempt not counted
     arg1, arg2 as above ("" where unused)
@@ -42,8 +44,10 @@ for i = 0, n - 1 do
   local b = 4 + 5 * i
   local id, token, kind, arg1, arg2 = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4]
   local key = k_task(id)
-  local f = redis.call('HMGET', key, 'k', 's', 'g', 'c', 'f')
+  local f = redis.call('HMGET', key, 'k', 's', 'g', 'c', 'f', 'cx')
   if f[1] == token and f[2] == 'running' then
+    -- A requested cancellation wins over running the task again.
+    if f[6] and (kind == 'retry' or kind == 'back') then kind = 'cancel' end
     local g = f[3]
     drop_lease(id, f[4])
     redis.call('HSET', key, 'f', token)

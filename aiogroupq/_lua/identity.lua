@@ -1,0 +1,30 @@
+#!lua flags=allow-oom
+--[[ identity.lua: a consumer name held by one live process at a time.
+  KEYS[1..6]  the common keys (see _lib.lua)
+  KEYS[7]     {aiogroupq:<q>}:consumer:<name>   STRING holder "<host>:<pid>:<nonce>"
+  ARGV[1]     key prefix
+  ARGV[2]     "take"   hold the name if it is free (or already ours)
+              "force"  hold it even if held (the holder is known to be dead)
+              "renew"  extend our hold
+              "drop"   let go of it, if ours
+  ARGV[3]     our holder value
+  ARGV[4]     how long a hold lasts without renewal, in ms
+  returns  "" when the operation succeeded, else the current holder ("" is
+           also returned by drop when the name was not ours)
+]]
+local key, op, me, ttl = KEYS[7], ARGV[2], ARGV[3], tonumber(ARGV[4])
+if not ttl then
+  return redis.error_reply('ERR aiogroupq identity: malformed arguments')
+end
+local holder = redis.call('GET', key)
+if op == 'force' or (op == 'take' and (not holder or holder == me)) then
+  redis.call('SET', key, me, 'PX', ttl)
+  return ''
+elseif op == 'renew' and holder == me then
+  redis.call('PEXPIRE', key, ttl)
+  return ''
+elseif op == 'drop' then
+  if holder == me then redis.call('DEL', key) end
+  return ''
+end
+return holder or ''
