@@ -332,17 +332,25 @@ def consume_in_process(
     concurrency: int,
     ready: Flag,
     stop: Flag,
+    retry_backoff: float = 1.0,
 ) -> None:
     """Target of a ``spawn`` child: consume *queue* until *stop* is set.
 
     *ready* is set once the consumer is claiming, so the parent can enqueue
     knowing every process competes for the tasks from the start.
     """
-    anyio.run(_consume, url, queue, concurrency, ready, stop, backend="asyncio")
+    anyio.run(
+        _consume, url, queue, concurrency, ready, stop, retry_backoff, backend="asyncio"
+    )
 
 
 async def _consume(
-    url: str, queue: str, concurrency: int, ready: Flag, stop: Flag
+    url: str,
+    queue: str,
+    concurrency: int,
+    ready: Flag,
+    stop: Flag,
+    retry_backoff: float,
 ) -> None:
     client = redis.asyncio.Redis.from_url(url)
     try:
@@ -353,6 +361,7 @@ async def _consume(
             handlers=make_handlers(journal),
             concurrency=concurrency,
             grace_period=10.0,
+            retry_backoff=retry_backoff,
         ):
             ready.set()
             # A multiprocessing Event cannot be awaited; polling it is cheap.

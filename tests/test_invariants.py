@@ -18,7 +18,8 @@ from __future__ import annotations
 import multiprocessing
 import os
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import anyio
@@ -342,12 +343,56 @@ async def test_hot_group_backlog_does_not_block_other_groups(
 # -- retry keeps its place --------------------------------------------------------
 
 
+@asynccontextmanager
+async def _consumers(
+    redis_url: str, queue: str, journal: Journal, processes: int
+) -> AsyncIterator[None]:
+    """Consume *queue* in this process, or in *processes* spawned ones."""
+    if processes == 1:
+        async with aiogroupq.Consumer(
+            redis_url,
+            queue=queue,
+            handlers=make_handlers(journal),
+            concurrency=16,
+            retry_backoff=0.2,
+            grace_period=5.0,
+        ):
+            yield
+        return
+    ctx = multiprocessing.get_context("spawn")
+    stop = ctx.Event()
+    readies = [ctx.Event() for _ in range(processes)]
+    children = [
+        ctx.Process(
+            target=consume_in_process,
+            args=(redis_url, queue, 16, ready, stop, 0.2),
+            daemon=True,
+        )
+        for ready in readies
+    ]
+    for child in children:
+        child.start()
+    try:
+        while not all(ready.is_set() for ready in readies):
+            assert all(c.exitcode is None for c in children), "a consumer died"
+            await anyio.sleep(0.02)
+        yield
+    finally:
+        stop.set()
+        for child in children:
+            await anyio.to_thread.run_sync(child.join, 30)
+            if child.is_alive():
+                child.kill()
+
+
+@pytest.mark.parametrize("processes", [1, 3], ids=["one-process", "three-processes"])
 async def test_retry_runs_before_later_tasks_of_its_group(
-    redis_url: str, redis_client: redis.asyncio.Redis
+    redis_url: str, redis_client: redis.asyncio.Redis, processes: int
 ) -> None:
     """A grouped task failing twice runs again (attempts 2 and 3) before any
-    later task of its group, and other groups keep running meanwhile."""
-    queue = "inv-retry"
+    later task of its group, and other groups keep running meanwhile, with
+    one consumer process or several."""
+    queue = f"inv-retry-{processes}"
     journal = Journal(redis_client)
     n_retry_group, failing_seq = 10, 2
     retry_group = [
@@ -370,14 +415,7 @@ async def test_retry_runs_before_later_tasks_of_its_group(
         await _enqueue_calls(producer, [retry_group], ids)
         await _enqueue_calls(producer, _chop(others, random.Random(11)), ids)
         with anyio.fail_after(LIVENESS):
-            async with aiogroupq.Consumer(
-                redis_url,
-                queue=queue,
-                handlers=make_handlers(journal),
-                concurrency=16,
-                retry_backoff=0.2,
-                grace_period=5.0,
-            ):
+            async with _consumers(redis_url, queue, journal, processes):
                 await journal.wait_done(len(expected))
         final_state = await producer.status(ids[failing.n])
 
