@@ -14,6 +14,7 @@ from typing import Any, Literal
 import msgspec
 
 from ._codec import payload_decoder
+from ._validate import setting_seconds
 from .errors import ConfigurationError
 
 HandlerFunc = Callable[..., Awaitable[Any]]
@@ -61,11 +62,9 @@ class Handler:
         on_dead: Literal["continue", "halt"] = "continue",
     ) -> None:
         self.func = func
-        self.timeout = _optional_seconds("timeout", timeout, positive=True)
-        self.retry_backoff = _optional_seconds("retry_backoff", retry_backoff)
-        self.retry_backoff_max = _optional_seconds(
-            "retry_backoff_max", retry_backoff_max
-        )
+        self.timeout = _optional("timeout", timeout, minimum=0.001)
+        self.retry_backoff = _optional("retry_backoff", retry_backoff)
+        self.retry_backoff_max = _optional("retry_backoff_max", retry_backoff_max)
         if not isinstance(no_retry, tuple) or not all(
             isinstance(t, type) and issubclass(t, BaseException) for t in no_retry
         ):
@@ -84,22 +83,10 @@ class Handler:
         return f"aiogroupq.Handler({self.func!r}, on_dead={self.on_dead!r})"
 
 
-def _optional_seconds(
-    name: str, value: float | timedelta | None, *, positive: bool = False
+def _optional(
+    name: str, value: float | timedelta | None, *, minimum: float = 0.0
 ) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, timedelta):
-        value = value.total_seconds()
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not (0 <= value < 10**9)
-        or (positive and value == 0)
-    ):
-        bound = "> 0" if positive else ">= 0"
-        raise ConfigurationError(f"{name} must be seconds {bound}, got {value!r}")
-    return float(value)
+    return None if value is None else setting_seconds(name, value, minimum=minimum)
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,7 @@ import math
 from datetime import datetime, timedelta
 from typing import Final
 
-from .errors import InvalidGroupError, InvalidTaskError
+from .errors import ConfigurationError, InvalidGroupError, InvalidTaskError
 
 #: longest group key, task type and dedup key, in UTF-8 bytes
 MAX_NAME_BYTES: Final = 256
@@ -108,4 +108,26 @@ def task_id(value: object) -> str:
     """A task id as enqueue returns it (any non-empty str is looked up)."""
     if not isinstance(value, str) or not value:
         raise TypeError(f"task ids are non-empty str, got {value!r}")
+    return value
+
+
+def setting_seconds(name: str, value: object, *, minimum: float = 0.0) -> float:
+    """A constructor's duration: seconds or a timedelta, >= *minimum*."""
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not minimum <= value < 10**9
+    ):
+        raise ConfigurationError(
+            f"{name} must be a number of seconds >= {minimum}, got {value!r}"
+        )
+    return float(value)
+
+
+def setting_int(name: str, value: object, *, minimum: int = 1) -> int:
+    """A constructor's count: an int >= *minimum* (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigurationError(f"{name} must be an int >= {minimum}, got {value!r}")
     return value

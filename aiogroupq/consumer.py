@@ -28,6 +28,7 @@ from ._handlers import Handler, HandlerFunc, build_routes
 from ._identity import Identity
 from ._keys import QueueKeys
 from ._runner import RetryPolicy, Running, run_task
+from ._validate import setting_int, setting_seconds
 from .errors import ConfigurationError, QueueFullError
 
 if TYPE_CHECKING:
@@ -55,20 +56,6 @@ class ConsumerStats:
     handed_back: int
     lease_lost: int
     running: int
-
-
-def _seconds(name: str, value: float | timedelta, *, minimum: float = 0.0) -> float:
-    if isinstance(value, timedelta):
-        value = value.total_seconds()
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not (minimum <= value < 10**9)
-    ):
-        raise ConfigurationError(
-            f"{name} must be a number of seconds >= {minimum}, got {value!r}"
-        )
-    return float(value)
 
 
 class Consumer(anyio.AsyncContextManagerMixin):
@@ -122,12 +109,8 @@ class Consumer(anyio.AsyncContextManagerMixin):
     ) -> None:
         self._keys = QueueKeys(queue)
         self._routes = build_routes(handlers)
-        for label, value in (
-            ("concurrency", concurrency),
-            ("claim_batch", claim_batch),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigurationError(f"{label} must be an int >= 1, got {value!r}")
+        setting_int("concurrency", concurrency)
+        setting_int("claim_batch", claim_batch)
         if not isinstance(redis, str | Redis):
             raise ConfigurationError(
                 f"expected a redis:// URL or a redis.asyncio.Redis client, got {redis!r}"
@@ -147,12 +130,12 @@ class Consumer(anyio.AsyncContextManagerMixin):
         self._redis = redis
         self._concurrency = concurrency
         self._claim_batch = claim_batch
-        self._lease_ttl = _seconds("lease_ttl", lease_ttl, minimum=0.1)
-        self._grace_period = _seconds("grace_period", grace_period)
-        self._retention_ms = round(_seconds("retention", retention) * 1000)
+        self._lease_ttl = setting_seconds("lease_ttl", lease_ttl, minimum=0.1)
+        self._grace_period = setting_seconds("grace_period", grace_period)
+        self._retention_ms = round(setting_seconds("retention", retention) * 1000)
         self._policy = RetryPolicy(
-            _seconds("retry_backoff", retry_backoff),
-            _seconds("retry_backoff_max", retry_backoff_max),
+            setting_seconds("retry_backoff", retry_backoff),
+            setting_seconds("retry_backoff_max", retry_backoff_max),
         )
         self.name: str = name or (
             f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"

@@ -46,18 +46,6 @@ DEFAULT_DEDUP_WINDOW: Final = 300.0
 DEFAULT_RETENTION: Final = 3600.0
 
 
-def _config_seconds(name: str, value: object) -> float:
-    if isinstance(value, timedelta):
-        value = value.total_seconds()
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not (0 <= value < 10**9)
-    ):
-        raise ConfigurationError(f"{name} must be seconds >= 0, got {value!r}")
-    return float(value)
-
-
 class Producer(anyio.AsyncContextManagerMixin):
     """Enqueues tasks to one queue; use it as ``async with Producer(...) as p``.
 
@@ -87,25 +75,9 @@ class Producer(anyio.AsyncContextManagerMixin):
         retention: float | timedelta = DEFAULT_RETENTION,
     ) -> None:
         self._keys = QueueKeys(queue)
-        if (
-            isinstance(max_payload_bytes, bool)
-            or not isinstance(max_payload_bytes, int)
-            or max_payload_bytes < 1
-        ):
-            raise ConfigurationError(
-                f"max_payload_bytes must be a positive int, got {max_payload_bytes!r}"
-            )
-        if (
-            isinstance(default_max_attempts, bool)
-            or not isinstance(default_max_attempts, int)
-            or default_max_attempts < 1
-        ):
-            raise ConfigurationError(
-                f"default_max_attempts must be an int >= 1, got {default_max_attempts!r}"
-            )
-        window = _config_seconds("dedup_window", dedup_window)
-        if window == 0:
-            raise ConfigurationError("dedup_window must be > 0 seconds")
+        _validate.setting_int("max_payload_bytes", max_payload_bytes)
+        _validate.setting_int("default_max_attempts", default_max_attempts)
+        window = _validate.setting_seconds("dedup_window", dedup_window, minimum=0.001)
         if not isinstance(redis, str | Redis):
             raise ConfigurationError(
                 f"expected a redis:// URL or a redis.asyncio.Redis client, got {redis!r}"
@@ -115,7 +87,9 @@ class Producer(anyio.AsyncContextManagerMixin):
         self._task_types = None if task_types is None else frozenset(task_types)
         self._default_max_attempts = default_max_attempts
         self._dedup_window_ms = _validate.to_ms(window)
-        self._retention_ms = _validate.to_ms(_config_seconds("retention", retention))
+        self._retention_ms = _validate.to_ms(
+            _validate.setting_seconds("retention", retention)
+        )
         self._client: Redis | None = None
 
     @property
