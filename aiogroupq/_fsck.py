@@ -86,10 +86,15 @@ UNINDEXED_DEAD: Final = "unindexed-dead"
 
 _LIVE: Final = frozenset({"queued", "delayed", "running"})
 _TERMINAL: Final = frozenset({"succeeded", "dead", "cancelled"})
-# Fixed keys by their name after the prefix, with the command that reads them.
+# Fixed keys by their name after the prefix.
 _FIXED: Final = ("ready", "delayed", "leases", "wake", "fence", "dead")
-# Per-task / per-group / per-consumer keys by the word before the first ":".
-_FAMILIES: Final = frozenset({"t", "lock", "park", "inflight", "dedup", "done"})
+# Per-task / per-group / per-consumer keys by the word before the first ":"
+# (every method of QueueKeys; a key the scripts gain must be added here).
+_FAMILIES: Final = frozenset(
+    {"t", "lock", "park", "inflight", "consumer", "lastclaim", "dedup", "done"}
+)
+# Families that are plain STRINGs, only type-checked.
+_STRINGS: Final = frozenset({"dedup", "consumer", "lastclaim"})
 # Fields read from a task hash, in this order.
 _FIELDS: Final = ("s", "g", "a", "m", "k", "c")
 # Commands per pipeline round trip: bounds one reply's size on a big queue.
@@ -228,7 +233,7 @@ async def _read(client: Redis, keys: QueueKeys) -> _Snapshot:
         plan.append((family, item, name))
         if family == "t":
             calls += _task_calls(raw)
-        elif family == "lock" or family == "dedup":
+        elif family == "lock" or family in _STRINGS:
             calls.append(("GET", (raw,)))
         elif family == "park":
             calls.append(("LRANGE", (raw, 0, -1)))

@@ -227,7 +227,7 @@ async def recover(
     keep: Sequence[str] = (),
 ) -> int:
     """Give back *consumer*'s held tasks except *keep*; return how many."""
-    args: list[EncodableT] = [1 if counted else 0, *keep]
+    args: list[EncodableT] = [1 if counted else 0, consumer, *keep]
     return int(await RECOVER(client, keys, (keys.inflight(consumer),), args))
 
 

@@ -27,7 +27,8 @@
 local consumer, k = ARGV[2], tonumber(ARGV[3])
 local lease_ms, scan_limit = tonumber(ARGV[4]), tonumber(ARGV[5])
 local promote_limit, recover_limit = tonumber(ARGV[6]), tonumber(ARGV[7])
-if not (k and lease_ms and scan_limit and promote_limit and recover_limit) then
+if not (k and lease_ms and scan_limit and promote_limit and recover_limit)
+    or lease_ms <= 0 or ARGV[8] == '' then
   return redis.error_reply('ERR aiogroupq claim: malformed arguments')
 end
 local now = now_ms()
@@ -110,6 +111,8 @@ while claimed < k and scanned < scan_limit do
       if cur ~= '@' .. id and (cur or redis.call('LLEN', k_park(g)) > 0) then
         redis.call('RPUSH', k_park(g), id)
         ok = false
+        -- A free group with a parked line has no head: give it one.
+        if not cur then release(g) end
       end
     end
     if ok then

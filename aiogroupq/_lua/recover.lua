@@ -9,19 +9,23 @@
   KEYS[7]     {aiogroupq:<q>}:inflight:<consumer>   SET, the recovery key
   ARGV[1]     key prefix
   ARGV[2]     1 to count the interrupted attempt, 0 not to
-  ARGV[3..]   ids of tasks the consumer still runs (left alone)
+  ARGV[3]     the consumer's name (a task another consumer owns is only
+              dropped from this recovery key, never taken from its owner)
+  ARGV[4..]   ids of tasks the consumer still runs (left alone)
   returns  the number of tasks given back (each to the front of its group,
            or dead-lettered when counted past its last attempt)
 ]]
-local counted = ARGV[2] == '1'
+local counted, consumer = ARGV[2] == '1', ARGV[3]
 local keep = {}
-for i = 3, #ARGV do keep[ARGV[i]] = true end
+for i = 4, #ARGV do keep[ARGV[i]] = true end
 local now = now_ms()
 local n, readied = 0, 0
 for _, id in ipairs(redis.call('SMEMBERS', KEYS[7])) do
   if not keep[id] then
-    n = n + 1
-    if recover(id, now, 'consumer restarted', counted) then readied = readied + 1 end
+    if redis.call('HGET', k_task(id), 'c') == consumer then
+      n = n + 1
+      if recover(id, now, 'consumer restarted', counted) then readied = readied + 1 end
+    end
     redis.call('SREM', KEYS[7], id)
   end
 end
