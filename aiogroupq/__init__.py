@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 
+from ._fsck import Problem as Problem, check_queue as check_queue
 from ._handlers import Handler as Handler
 from .consumer import Consumer as Consumer, ConsumerStats as ConsumerStats
 from .errors import (
@@ -48,6 +49,7 @@ __all__ = (
     "InvalidTaskError",
     "NoResultError",
     "PayloadTooLargeError",
+    "Problem",
     "Producer",
     "QueueFullError",
     "RedisUnavailableError",
@@ -60,6 +62,7 @@ __all__ = (
     "TaskState",
     "UnencodablePayloadError",
     "UnknownTaskTypeError",
+    "check_queue",
     "current_task",
 )
 

@@ -35,6 +35,7 @@ __all__ = (
     "WRONG_TYPE",
     "Problem",
     "check",
+    "check_queue",
 )
 
 from collections import defaultdict
@@ -45,10 +46,11 @@ from typing import TYPE_CHECKING, Any, Final
 from redis.crc import key_slot
 from redis.exceptions import ResponseError
 
+from ._connection import RedisLike, open_client, unavailable_as_error
+from ._keys import QueueKeys
+
 if TYPE_CHECKING:
     from redis.asyncio import Redis
-
-    from ._keys import QueueKeys
 
 #: a key of the queue hashes to another cluster slot than the queue's fixed keys
 WRONG_SLOT: Final = "wrong-slot"
@@ -105,7 +107,8 @@ _CHUNK: Final = 1000
 class Problem:
     """One broken invariant.
 
-    :ivar kind: one of this module's constants, e.g. :data:`STUCK_PARK`
+    :ivar kind: what is broken, e.g. ``"stuck-park"`` (a parked line behind
+        a free group) or ``"lost-task"`` (a live task in no list)
     :ivar task_id: the task concerned, if one is
     :ivar group: the group concerned, if one is
     :ivar detail: a sentence for humans (key names, values seen)
@@ -115,6 +118,14 @@ class Problem:
     task_id: str | None
     group: str | None
     detail: str
+
+    def __str__(self) -> str:
+        where = "".join(
+            f" {label} {value!r}"
+            for label, value in (("task", self.task_id), ("group", self.group))
+            if value is not None
+        )
+        return f"{self.kind}{where}: {self.detail}"
 
 
 @dataclass(slots=True)
@@ -585,3 +596,24 @@ async def check(client: Redis, keys: QueueKeys) -> list[Problem]:
     """
     snap = await _read(client, keys)
     return _Checker(snap).run()
+
+
+async def check_queue(redis: RedisLike, queue: str) -> list[Problem]:
+    """Check one queue's Redis keys and return every broken invariant found.
+
+    An empty list means the queue is consistent. The reads are not one atomic
+    snapshot: on a busy queue, confirm a problem by checking again.
+
+    :param redis: a ``redis://`` URL or a ``redis.asyncio.Redis`` client
+    :param queue: the queue name
+    :raises ConfigurationError: for a bad queue name or client
+    :raises RedisUnavailableError: if Redis cannot be reached
+    """
+    keys = QueueKeys(queue)
+    return await _checked(redis, keys)
+
+
+@unavailable_as_error
+async def _checked(redis: RedisLike, keys: QueueKeys) -> list[Problem]:
+    async with open_client(redis, retry=True) as client:
+        return await check(client, keys)

@@ -56,10 +56,11 @@ from urllib.parse import urlsplit, urlunsplit
 import anyio
 from redis.exceptions import RedisError
 
+from ._fsck import check_queue
 from ._handlers import build_routes
 from ._keys import validate_queue_name
 from .consumer import Consumer
-from .errors import ConfigurationError
+from .errors import ConfigurationError, RedisUnavailableError
 
 logger = logging.getLogger("aiogroupq.cli")
 
@@ -96,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "worker":
             return _worker(args)
+        if args.command == "check":
+            return anyio.run(_check, args.redis_url, args.queue)
         from ._demo import run_demo
 
         return run_demo(
@@ -111,6 +114,17 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exception(exc.__cause__)
         print(f"aiogroupq {args.command}: error: {exc}", file=sys.stderr)
         return 2
+
+
+async def _check(redis_url: str, queue: str) -> int:
+    try:
+        problems = await check_queue(redis_url, queue)
+    except (ConfigurationError, RedisUnavailableError) as exc:
+        raise UsageError(str(exc)) from None
+    for problem in problems:
+        print(problem)
+    print(f"queue {queue!r}: {len(problems)} problems")
+    return 1 if problems else 0
 
 
 def _positive_int(text: str) -> int:
@@ -144,6 +158,21 @@ def _parser() -> argparse.ArgumentParser:
     )
     worker.add_argument("--queue", help="queue name (required for a mapping)")
     worker.add_argument(
+        "--redis-url",
+        default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL),
+        help="Redis URL (default: $REDIS_URL, else %(default)s)",
+    )
+    check = commands.add_parser(
+        "check",
+        help="check a queue's Redis keys for broken invariants (exit 1 if any)",
+        description="Walk every key of a queue and report each broken invariant "
+        "(a task in two places, a lock without a live task, a parked line "
+        "behind a free group, a key in another cluster slot, ...). The reads "
+        "are not one snapshot: on a busy queue, run it twice before you "
+        "believe a problem.",
+    )
+    check.add_argument("--queue", required=True, help="queue name")
+    check.add_argument(
         "--redis-url",
         default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL),
         help="Redis URL (default: $REDIS_URL, else %(default)s)",

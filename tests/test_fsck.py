@@ -8,9 +8,12 @@ could do), and asserts the exact set of problem kinds reported.
 from __future__ import annotations
 
 import inspect
+import sys
 
+import anyio
 import redis.asyncio
 
+import aiogroupq
 from aiogroupq import _fsck, _scripts
 from aiogroupq._keys import QueueKeys
 
@@ -439,3 +442,24 @@ async def test_every_key_queue_keys_makes_is_known(
     found = await problems(redis_client)
     assert [p for p in found if p.kind == _fsck.UNKNOWN_KEY] == []
     assert len(await redis_client.keys(KEYS.pattern())) == len(makers)
+
+
+async def test_check_command_reports_and_exits_1_on_a_broken_queue(
+    redis_client: redis.asyncio.Redis, redis_url: str
+) -> None:
+    async with aiogroupq.Producer(redis_client, queue="cli-check") as producer:
+        await producer.enqueue("t", 1, group="g")
+        await producer.enqueue("t", 2, group="g")
+    argv = [sys.executable, "-m", "aiogroupq", "check", "--queue", "cli-check"]
+    argv += ["--redis-url", redis_url]
+    clean = await anyio.run_process(argv, check=False)
+    assert clean.returncode == 0, clean.stderr.decode()
+    assert b"0 problems" in clean.stdout
+    assert await aiogroupq.check_queue(redis_client, "cli-check") == []
+    await redis_client.delete(QueueKeys("cli-check").lock("g"))
+    broken = await anyio.run_process(argv, check=False)
+    assert broken.returncode == 1
+    assert b"stuck-park group 'g'" in broken.stdout
+    problems = await aiogroupq.check_queue(redis_client, "cli-check")
+    assert [p.kind for p in problems] == [_fsck.STUCK_PARK]
+    assert isinstance(problems[0], aiogroupq.Problem)

@@ -27,6 +27,7 @@ PUBLIC_NAMES = frozenset(
         "InvalidTaskError",
         "NoResultError",
         "PayloadTooLargeError",
+        "Problem",
         "Producer",
         "QueueFullError",
         "RedisUnavailableError",
@@ -39,6 +40,7 @@ PUBLIC_NAMES = frozenset(
         "TaskState",
         "UnencodablePayloadError",
         "UnknownTaskTypeError",
+        "check_queue",
         "current_task",
     }
 )
@@ -73,7 +75,7 @@ def test_no_public_class_or_function_is_left_out_of_all() -> None:
     assert stray == []
 
 
-@pytest.mark.parametrize("name", [*PUBLIC_CLASSES, "current_task"])
+@pytest.mark.parametrize("name", [*PUBLIC_CLASSES, "check_queue", "current_task"])
 def test_public_objects_report_the_public_module(name: str) -> None:
     # Tracebacks, reprs and pickles should show aiogroupq.X, not a private path.
     assert getattr(aiogroupq, name).__module__ == "aiogroupq"
