@@ -28,8 +28,9 @@ RedisLike = str | Redis
 OWN_SOCKET_TIMEOUT: Final = 10.0
 #: connect timeout of clients we create
 OWN_CONNECT_TIMEOUT: Final = 2.0
-#: re-sends of an idempotent command after a connection error (with backoff
-#: from 50 ms doubling to 1 s): about 5 s of retrying before giving up
+#: re-sends of an idempotent command after a connection error, with a random
+#: backoff of at most 50 ms doubling to 1 s: at most about 2.5 s of waiting in
+#: all, plus up to the connect timeout per attempt while the host is silent
 OWN_RETRIES: Final = 6
 
 

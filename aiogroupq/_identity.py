@@ -44,8 +44,7 @@ class Identity:
         """
         with anyio.move_on_after(self._ttl_ms / 1000 * 1.5):
             while holder := await self._run(client, "take"):
-                if _dead_here(holder):
-                    await self._run(client, "force")
+                if _dead_here(holder) and not await self._run(client, "force", holder):
                     logger.info(
                         "consumer name %r taken over from dead process %s",
                         self._name,
@@ -77,9 +76,9 @@ class Identity:
         """Let the name go."""
         await self._run(client, "drop")
 
-    async def _run(self, client: Redis, op: str) -> str:
+    async def _run(self, client: Redis, op: str, dead_holder: str = "") -> str:
         return await _scripts.identity(
-            client, self._keys, self._name, op, self._me, self._ttl_ms
+            client, self._keys, self._name, op, self._me, self._ttl_ms, dead_holder
         )
 
 

@@ -4,7 +4,7 @@ Each ``_lua/<name>.lua`` is prefixed with ``_lua/_lib.lua`` and read once at
 import. Its first line is a ``#!lua`` shebang: scripts that add work (enqueue,
 claim) have no flags, so that under ``maxmemory`` Redis refuses them before
 they write anything; scripts that let work finish (finish, heartbeat, recover,
-cancel, dead) carry ``allow-oom``. The SHA is computed locally, so the hot path is a single EVALSHA; a
+cancel, dead, wait, identity) carry ``allow-oom``. The SHA is computed locally, so the hot path is a single EVALSHA; a
 ``NOSCRIPT`` reply (``SCRIPT FLUSH``, a restart, a failover) costs one
 ``SCRIPT LOAD`` and one retry, which is always safe because the script did not
 run.
@@ -206,12 +206,15 @@ class Outcome:
 APPLIED: Final = 1
 DUPLICATE: Final = 2
 LEASE_LOST: Final = 0
+#: applied as "cancel": a cancellation was requested before this outcome
+APPLIED_AS_CANCEL: Final = 3
 
 
 async def finish(
     client: Redis, keys: QueueKeys, outcomes: Sequence[Outcome], *, retention_ms: int
 ) -> list[int]:
-    """Apply *outcomes*; return one of APPLIED, DUPLICATE, LEASE_LOST for each."""
+    """Apply *outcomes*; return APPLIED, APPLIED_AS_CANCEL, DUPLICATE or
+    LEASE_LOST for each."""
     args: list[EncodableT] = [retention_ms, len(outcomes)]
     for o in outcomes:
         args += (o.id, o.token, o.kind, o.arg1, o.arg2)
@@ -232,10 +235,18 @@ async def recover(
 
 
 async def identity(
-    client: Redis, keys: QueueKeys, name: str, op: str, me: str, ttl_ms: int
+    client: Redis,
+    keys: QueueKeys,
+    name: str,
+    op: str,
+    me: str,
+    ttl_ms: int,
+    dead_holder: str = "",
 ) -> str:
     """Run an ``identity.lua`` operation; return "" or the other holder."""
-    holder = await IDENTITY(client, keys, (keys.consumer(name),), (op, me, ttl_ms))
+    holder = await IDENTITY(
+        client, keys, (keys.consumer(name),), (op, me, ttl_ms, dead_holder)
+    )
     return bytes(holder).decode()
 
 

@@ -243,7 +243,8 @@ class Consumer(anyio.AsyncContextManagerMixin):
             )
             if given_back:
                 logger.info("gave back %d tasks claimed while stopping", given_back)
-            if self._identity is not None:
+        if self._identity is not None:
+            with contextlib.suppress(RedisError, OSError):
                 await self._identity.release(client)
 
     def _stop_claiming(self) -> None:
@@ -430,6 +431,9 @@ class Consumer(anyio.AsyncContextManagerMixin):
                 extra={"task_id": outcome.id},
             )
             return
+        # The server turns a retry or hand-back into a cancel when one was
+        # requested; count what was applied.
+        kind = "cancel" if code == _scripts.APPLIED_AS_CANCEL else outcome.kind
         key = {
             "ok": "succeeded",
             "retry": "retried",
@@ -437,7 +441,7 @@ class Consumer(anyio.AsyncContextManagerMixin):
             "halt": "dead",
             "cancel": "cancelled",
             "back": "handed_back",
-        }[outcome.kind]
+        }[kind]
         self._counts[key] += 1
 
     # -- leases ------------------------------------------------------------

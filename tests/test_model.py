@@ -422,6 +422,8 @@ class QueueMachine(RuleBasedStateMachine):
         elif task.state == "running":
             assert code == _scripts.REQUESTED
             task.cancel_requested = True
+        elif task.state == "cancelled":  # a re-sent cancel: same answer
+            assert code == _scripts.CANCELLED
         else:
             assert code == _scripts.FINISHED
 

@@ -853,3 +853,40 @@ async def test_claim_repairs_a_free_group_with_a_parked_line(
     assert len(reply.tasks) == 1  # one of the group, never both
     assert await redis_client.llen(KEYS.parked("g")) == 1
     await assert_consistent(redis_client)
+
+
+async def test_identity_hold_take_renew_force_drop(
+    redis_client: redis.asyncio.Redis,
+) -> None:
+    key = KEYS.consumer("w")
+
+    async def run(op: str, me: str, dead: str = "") -> str:
+        return await _scripts.identity(redis_client, KEYS, "w", op, me, 60_000, dead)
+
+    assert await run("take", "A") == ""
+    assert await run("take", "B") == "A"
+    # A lapsed hold is taken again by its renewal, if nobody took it.
+    await redis_client.delete(key)
+    assert await run("renew", "A") == ""
+    assert await redis_client.get(key) == b"A"
+    # force replaces only the dead holder it saw.
+    assert await run("force", "B", dead="Z") == "A"
+    assert await run("force", "B", dead="A") == ""
+    assert await run("renew", "A") == "B"
+    assert await run("drop", "A") == ""
+    assert await redis_client.get(key) == b"B"
+    assert await run("drop", "B") == ""
+    assert await redis_client.exists(key) == 0
+
+
+async def test_cancel_resent_and_purge_of_a_stale_index_entry(
+    redis_client: redis.asyncio.Redis,
+) -> None:
+    await enqueue(redis_client, new("a"))
+    first = await _scripts.cancel(redis_client, KEYS, "a", retention_ms=WINDOW_MS)
+    again = await _scripts.cancel(redis_client, KEYS, "a", retention_ms=WINDOW_MS)
+    assert (first, again) == (_scripts.CANCELLED, _scripts.CANCELLED)
+    # A dead index entry whose task is not dead is dropped by a purge.
+    await redis_client.zadd(KEYS.dead, {"a": 1})
+    assert await _scripts.dead_action(redis_client, KEYS, "purge", ["a"]) == 0
+    assert await redis_client.zcard(KEYS.dead) == 0

@@ -4,9 +4,10 @@
   ARGV[1]     key prefix
   ARGV[2]     retention of the cancelled state in ms
   ARGV[3]     task id
-  returns  0 no such task, 1 cancelled (it was queued, parked or delayed),
-           2 running: cancellation requested (its consumer sees it at the next
-           heartbeat and cancels the handler), 3 already finished (left alone)
+  returns  0 no such task, 1 cancelled (it was queued, parked or delayed, or
+           already cancelled: a re-sent call), 2 running: cancellation
+           requested (its consumer sees it at the next heartbeat and cancels
+           the handler), 3 already finished otherwise (left alone)
 ]]
 local retention, id = tonumber(ARGV[2]), ARGV[3]
 if not retention then
@@ -20,6 +21,7 @@ if state == 'running' then
   redis.call('HSET', key, 'cx', 1)
   return 2
 end
+if state == 'cancelled' then return 1 end
 if state ~= 'queued' and state ~= 'delayed' then return 3 end
 
 -- Only the group's head can hold its lock ("@" .. id): cancelling the head

@@ -29,6 +29,9 @@ for i = 3, #ARGV do
     local key = k_task(id)
     local f = redis.call('HMGET', key, 's', 'g')
     local g = f[2]
+    -- An index entry of a task that is not dead is stale: drop it, so that
+    -- purging everything always ends.
+    if f[1] ~= 'dead' and op == 'purge' then redis.call('ZREM', K_DEAD, id) end
     if f[1] == 'dead' then
       n = n + 1
       redis.call('ZREM', K_DEAD, id)

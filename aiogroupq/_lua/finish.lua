@@ -20,9 +20,10 @@
                "back"    hand back unfinished (shutdown): front of its group,
                          the attempt not counted
     arg1, arg2 as above ("" where unused)
-  returns  one code per outcome: 1 applied, 2 already applied by an earlier
-           call with this token (a re-sent batch), 0 refused: the lease was
-           lost (the token no longer owns the task) and nothing was changed.
+  returns  one code per outcome: 1 applied, 3 applied as "cancel" (a
+           cancellation was requested), 2 already applied by an earlier call
+           with this token (a re-sent batch), 0 refused: the lease was lost
+           (the token no longer owns the task) and nothing was changed.
 ]]
 local retention, n = tonumber(ARGV[2]), tonumber(ARGV[3])
 if not retention or not n or #ARGV ~= 3 + 5 * n then
@@ -47,7 +48,8 @@ for i = 0, n - 1 do
   local f = redis.call('HMGET', key, 'k', 's', 'g', 'c', 'f', 'cx')
   if f[1] == token and f[2] == 'running' then
     -- A requested cancellation wins over running the task again.
-    if f[6] and (kind == 'retry' or kind == 'back') then kind = 'cancel' end
+    local converted = f[6] and (kind == 'retry' or kind == 'back')
+    if converted then kind = 'cancel' end
     local g = f[3]
     drop_lease(id, f[4])
     redis.call('HSET', key, 'f', token)
@@ -79,7 +81,7 @@ for i = 0, n - 1 do
       requeue_front(id, g)
       readied = readied + 1
     end
-    codes[#codes + 1] = 1
+    codes[#codes + 1] = converted and 3 or 1
   elseif f[5] == token then
     codes[#codes + 1] = 2
   else

@@ -4,11 +4,14 @@
   KEYS[7]     {aiogroupq:<q>}:consumer:<name>   STRING holder "<host>:<pid>:<nonce>"
   ARGV[1]     key prefix
   ARGV[2]     "take"   hold the name if it is free (or already ours)
-              "force"  hold it even if held (the holder is known to be dead)
-              "renew"  extend our hold
+              "force"  take it from the holder in ARGV[5], known to be dead
+                       (refused if the holder changed meanwhile)
+              "renew"  extend our hold, or take the name again if our hold
+                       lapsed and nobody took it
               "drop"   let go of it, if ours
   ARGV[3]     our holder value
   ARGV[4]     how long a hold lasts without renewal, in ms
+  ARGV[5]     with "force": the dead holder's value
   returns  "" when the operation succeeded, else the current holder ("" is
            also returned by drop when the name was not ours)
 ]]
@@ -17,11 +20,9 @@ if not ttl then
   return redis.error_reply('ERR aiogroupq identity: malformed arguments')
 end
 local holder = redis.call('GET', key)
-if op == 'force' or (op == 'take' and (not holder or holder == me)) then
+if (op == 'force' and holder == ARGV[5])
+    or ((op == 'take' or op == 'renew') and (not holder or holder == me)) then
   redis.call('SET', key, me, 'PX', ttl)
-  return ''
-elseif op == 'renew' and holder == me then
-  redis.call('PEXPIRE', key, ttl)
   return ''
 elseif op == 'drop' then
   if holder == me then redis.call('DEL', key) end
