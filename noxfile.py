@@ -42,3 +42,15 @@ def typecheck(session: nox.Session) -> None:
     _install(session)
     session.install("mypy>=1.13", "nox")
     session.run("mypy")
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Benchmarks beside arq, saq, streaq and taskiq-redis (docs/benchmarks.md).
+
+    Arguments go to ``python -m benchmarks``, e.g.
+    ``nox -s bench -- --quick --only aiogroupq``. Each library is installed into
+    its own environment under ``benchmarks/.venvs`` on first use.
+    """
+    session.install("-e", ".[server]")
+    session.run("python", "-m", "benchmarks", *session.posargs)
