@@ -40,6 +40,8 @@ logger = logging.getLogger(__name__)
 MAX_BLOCK: Final = 1.0
 #: most tasks one claim call takes
 DEFAULT_CLAIM_BATCH: Final = 32
+#: slack for the server's cron tick, on which blocking pops time out
+_SERVER_TICK: Final = 0.25
 #: Redis errors after which the fetcher backs off and tries again
 _BACKOFF_FIRST, _BACKOFF_MAX = 0.05, 5.0
 
@@ -336,7 +338,9 @@ class Consumer(anyio.AsyncContextManagerMixin):
                 self._counts["claimed"] += len(reply.tasks)
                 if len(reply.tasks) == k or reply.more:
                     continue
-                due = 0 <= reply.wait_ms < block_cap * 1000
+                # A pop ends up to a server tick (~100 ms) after its timeout:
+                # a task due within a tick past the cap gets the timer too.
+                due = 0 <= reply.wait_ms < (block_cap + _SERVER_TICK) * 1000
                 timeout = reply.wait_ms / 1000 if due else block_cap
                 await self._block(client, timeout, due=due)
 
