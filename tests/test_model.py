@@ -342,10 +342,13 @@ class QueueMachine(RuleBasedStateMachine):
             if kind == "retry":
                 arg1 = FAR_MS if delay else 0
             outcomes.append(_scripts.Outcome(task_id, task.token, kind, arg1, "err"))
-            expected.append(_scripts.APPLIED)
+            converted = task.cancel_requested and kind in ("retry", "back")
+            expected.append(
+                _scripts.APPLIED_AS_CANCEL if converted else _scripts.APPLIED
+            )
             self.retire(task)
             task.finished_with = task.token
-            if task.cancel_requested and kind in ("retry", "back"):
+            if converted:
                 event("finish: cancelled instead of " + kind)
                 task.state = "cancelled"
                 self.leave_order(task)
