@@ -54,3 +54,15 @@ def bench(session: nox.Session) -> None:
     """
     session.install("-e", ".[server]")
     session.run("python", "-m", "benchmarks", *session.posargs)
+
+
+@nox.session
+def chaos(session: nox.Session) -> None:
+    """Kill -9 consumers, stall them, drop connections, restart and freeze
+    Redis, flush its scripts, all under load, and print the figures.
+
+    Bounded by default (a few minutes); ``AIOGROUPQ_CHAOS_SCALE=full`` runs
+    the full figures of docs/guarantees.md.
+    """
+    _install(session)
+    session.run("pytest", "tests/chaos", "-m", "chaos", *session.posargs)

@@ -31,9 +31,13 @@ local function k_inflight(c) return PREFIX .. 'inflight:' .. c end
 local function k_dedup(d) return PREFIX .. 'dedup:' .. d end
 local function k_done(id) return PREFIX .. 'done:' .. id end
 
-local function now_ms()
+-- Server time in ms, rounded down; *up* rounds up instead, for computing a
+-- due time, so that "due" is never before enqueue time + delay.
+local function now_ms(up)
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local ms = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+  if up then return math.ceil(ms) end
+  return math.floor(ms)
 end
 
 -- Make sure at least n (capped) wake tokens wait for blocked fetchers.

@@ -32,7 +32,7 @@ for i = 0, n - 1 do
   end
 end
 
-local now = now_ms()
+local now = now_ms(true)
 local ids, readied, earliest_changed = {}, 0, false
 local first = redis.call('ZRANGE', K_DELAYED, 0, 0, 'WITHSCORES')
 local earliest = first[2] and tonumber(first[2]) or nil

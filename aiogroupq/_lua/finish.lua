@@ -39,7 +39,7 @@ for i = 0, n - 1 do
   end
 end
 
-local now = now_ms()
+local now = now_ms(true) -- due times of retries round up
 local codes, readied, delayed_earlier = {}, 0, false
 for i = 0, n - 1 do
   local b = 4 + 5 * i
