@@ -95,8 +95,10 @@ end
 
 -- Wake whoever waits for this task's end (Producer.result), if anyone does:
 -- a waiter marks the task with field w before it blocks on done:<id>.
-local function notify(id, key)
-  if redis.call('HEXISTS', key, 'w') == 1 then
+-- *waited*: the caller's read of w, or nil to read it here.
+local function notify(id, key, waited)
+  if waited == nil then waited = redis.call('HEXISTS', key, 'w') == 1 end
+  if waited then
     local done = k_done(id)
     redis.call('RPUSH', done, '1')
     redis.call('PEXPIRE', done, 300000)
@@ -107,11 +109,19 @@ end
 -- its token there to be answered "already applied", not "lease lost".
 local MIN_RETENTION = 60000
 
--- A terminal state that expires after the retention window.
-local function conclude(id, state, now, retention)
+-- A terminal state that expires after the retention window; *token* (the
+-- finishing claim's, kept so a re-sent finish is recognised) and *result*
+-- are written with it when given, *waited* as for notify().
+local function conclude(id, state, now, retention, waited, token, result)
   local key = k_task(id)
-  notify(id, key)
-  redis.call('HSET', key, 's', state, 'ft', now)
+  notify(id, key, waited)
+  if result then
+    redis.call('HSET', key, 's', state, 'ft', now, 'f', token, 'r', result)
+  elseif token then
+    redis.call('HSET', key, 's', state, 'ft', now, 'f', token)
+  else
+    redis.call('HSET', key, 's', state, 'ft', now)
+  end
   redis.call('HDEL', key, 'e', 'c')
   redis.call('PEXPIRE', key, math.max(retention, MIN_RETENTION))
 end

@@ -92,13 +92,14 @@ end
 local out = {-1, 0}
 local ids = {}
 local claimed, scanned = 0, 0
+local first_token -- fencing tokens: one INCRBY per call, not one INCR per task
 local inflight = KEYS[7]
 while claimed < k and scanned < scan_limit do
   local id = redis.call('LPOP', K_READY)
   if not id then break end
   scanned = scanned + 1
   local key = k_task(id)
-  local f = redis.call('HMGET', key, 'e', 'g', 's')
+  local f = redis.call('HMGET', key, 'e', 'g', 's', 'a')
   if f[1] and f[3] == 'queued' then -- else a stale entry: drop it
     local g, ok = f[2], true
     if g then
@@ -116,10 +117,11 @@ while claimed < k and scanned < scan_limit do
       end
     end
     if ok then
-      local token = redis.call('INCR', K_FENCE)
+      first_token = first_token or redis.call('INCRBY', K_FENCE, k) - k + 1
+      local token = first_token + claimed
       if g then redis.call('SET', k_lock(g), token) end
-      local attempt = redis.call('HINCRBY', key, 'a', 1)
-      redis.call('HSET', key, 's', 'running', 'k', token, 'c', consumer)
+      local attempt = tonumber(f[4] or 0) + 1
+      redis.call('HSET', key, 's', 'running', 'k', token, 'c', consumer, 'a', attempt)
       redis.call('ZADD', K_LEASES, now + lease_ms, id)
       redis.call('SADD', inflight, id)
       claimed = claimed + 1

@@ -32,16 +32,20 @@ for i = 0, n - 1 do
   end
 end
 
-local now = now_ms(true)
+-- The clock and the earliest due time matter only to delayed tasks: read
+-- them once, and only if the batch has one.
+local now, earliest, earliest_read = nil, nil, false
+local function clock()
+  now = now or now_ms(true)
+  return now
+end
 local ids, readied, earliest_changed = {}, 0, false
-local first = redis.call('ZRANGE', K_DELAYED, 0, 0, 'WITHSCORES')
-local earliest = first[2] and tonumber(first[2]) or nil
 for i = 0, n - 1 do
   local b = 4 + 7 * i
   local id, g, env = ARGV[b], ARGV[b + 1], ARGV[b + 2]
   local delay, max_attempts, dedup = tonumber(ARGV[b + 3]), ARGV[b + 4], ARGV[b + 5]
   local run_at = tonumber(ARGV[b + 6])
-  if run_at > 0 then delay = run_at - now end
+  if run_at > 0 then delay = run_at - clock() end
   local key = k_task(id)
   if dedup ~= '' then
     local dkey = k_dedup(dedup)
@@ -63,7 +67,11 @@ for i = 0, n - 1 do
       redis.call('HSET', key, 'e', env, 'm', max_attempts, 'a', 0, 's', state)
     end
     if delay > 0 then
-      local due = run_at > 0 and run_at or now + delay
+      local due = run_at > 0 and run_at or clock() + delay
+      if not earliest_read then -- before our own ZADD: was there an earlier one?
+        local first = redis.call('ZRANGE', K_DELAYED, 0, 0, 'WITHSCORES')
+        earliest, earliest_read = first[2] and tonumber(first[2]) or nil, true
+      end
       redis.call('ZADD', K_DELAYED, due, id)
       if not earliest or due < earliest then
         earliest, earliest_changed = due, true

@@ -45,41 +45,43 @@ for i = 0, n - 1 do
   local b = 4 + 5 * i
   local id, token, kind, arg1, arg2 = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4]
   local key = k_task(id)
-  local f = redis.call('HMGET', key, 'k', 's', 'g', 'c', 'f', 'cx')
+  local f = redis.call('HMGET', key, 'k', 's', 'g', 'c', 'f', 'cx', 'w')
   if f[1] == token and f[2] == 'running' then
     -- A requested cancellation wins over running the task again.
     local converted = f[6] and (kind == 'retry' or kind == 'back')
     if converted then kind = 'cancel' end
     local g = f[3]
     drop_lease(id, f[4])
-    redis.call('HSET', key, 'f', token)
-    redis.call('HDEL', key, 'c')
-    if kind == 'ok' then
+    if kind == 'ok' or kind == 'cancel' then
       if release(g) then readied = readied + 1 end
-      if arg1 ~= '' then redis.call('HSET', key, 'r', arg1) end
-      conclude(id, 'succeeded', now, retention)
-    elseif kind == 'cancel' then
-      if release(g) then readied = readied + 1 end
-      conclude(id, 'cancelled', now, retention)
-    elseif kind == 'retry' then
-      local delay = tonumber(arg1)
-      redis.call('HSET', key, 'x', arg2)
-      if delay <= 0 then
-        requeue_front(id, g)
-        readied = readied + 1
+      local result = kind == 'ok' and arg1 ~= '' and arg1 or nil
+      conclude(id, kind == 'ok' and 'succeeded' or 'cancelled', now, retention,
+        f[7] ~= false, token, result)
+    else
+      redis.call('HDEL', key, 'c')
+      if kind == 'retry' then
+        local delay = tonumber(arg1)
+        redis.call('HSET', key, 'f', token, 'x', arg2)
+        if delay <= 0 then
+          requeue_front(id, g)
+          readied = readied + 1
+        else
+          if g then redis.call('SET', k_lock(g), '@' .. id) end
+          local first = redis.call('ZRANGE', K_DELAYED, 0, 0, 'WITHSCORES')
+          if not first[2] or now + delay < tonumber(first[2]) then delayed_earlier = true end
+          redis.call('ZADD', K_DELAYED, now + delay, id)
+          redis.call('HSET', key, 's', 'delayed')
+        end
       else
-        if g then redis.call('SET', k_lock(g), '@' .. id) end
-        local first = redis.call('ZRANGE', K_DELAYED, 0, 0, 'WITHSCORES')
-        if not first[2] or now + delay < tonumber(first[2]) then delayed_earlier = true end
-        redis.call('ZADD', K_DELAYED, now + delay, id)
-        redis.call('HSET', key, 's', 'delayed')
+        redis.call('HSET', key, 'f', token)
+        if kind == 'dead' or kind == 'halt' then
+          if bury(id, g, now, arg1, arg2, kind == 'halt') then readied = readied + 1 end
+        else -- back
+          redis.call('HINCRBY', key, 'a', -1)
+          requeue_front(id, g)
+          readied = readied + 1
+        end
       end
-    elseif kind == 'dead' or kind == 'halt' then
-      if bury(id, g, now, arg1, arg2, kind == 'halt') then readied = readied + 1 end
-    else -- back
-      redis.call('HINCRBY', key, 'a', -1)
-      requeue_front(id, g)
-      readied = readied + 1
     end
     codes[#codes + 1] = converted and 3 or 1
   elseif f[5] == token then
