@@ -12,7 +12,7 @@ import anyio
 from redis.asyncio import Redis
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.exceptions import ConnectionError, ResponseError, TimeoutError
-from redis.retry import Retry
+from redis.asyncio.retry import Retry
 
 from .errors import ConfigurationError, RedisUnavailableError
 

@@ -397,7 +397,7 @@ class Consumer(anyio.AsyncContextManagerMixin):
                     await run_task(running, self._routes, self._policy, self._submit)
                 finally:
                     if running.lost:
-                        self._forget(running.claimed.id)
+                        self._forget(running.claimed.id, running.claimed.token)
                         self._counts["lease_lost"] += 1
                     self._free += 1
                     self._free_changed.set()
@@ -418,11 +418,15 @@ class Consumer(anyio.AsyncContextManagerMixin):
         except Exception:
             logger.exception("on_dead callback failed for task %s", notice.id)
 
-    def _forget(self, task_id: str) -> None:
-        self._running.pop(task_id, None)
+    def _forget(self, task_id: str, token: int) -> None:
+        # Only the attempt this token belongs to: the outcome of an earlier
+        # attempt may be recorded after the same task was claimed again.
+        running = self._running.get(task_id)
+        if running is not None and running.claimed.token == token:
+            del self._running[task_id]
 
     def _recorded(self, outcome: _scripts.Outcome, code: int) -> None:
-        self._forget(outcome.id)
+        self._forget(outcome.id, outcome.token)
         notice = self._dead_notices.pop(outcome.id, None)
         if notice is not None and code == _scripts.APPLIED and self._side_tasks:
             self._side_tasks.start_soon(self._call_on_dead, notice)
