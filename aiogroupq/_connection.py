@@ -10,9 +10,9 @@ from typing import Any, Final, ParamSpec, TypeVar
 
 import anyio
 from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.exceptions import ConnectionError, ResponseError, TimeoutError
-from redis.asyncio.retry import Retry
 
 from .errors import ConfigurationError, RedisUnavailableError
 

@@ -429,8 +429,11 @@ def test_demo_without_a_server_exits_2(
 
 def test_name_applies_to_a_mapping_only(redis_url: str) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "aiogroupq", "worker", "tests.example_app:make_consumer"]
-        + ["--redis-url", redis_url, "--name", "w"],
+        [
+            *(sys.executable, "-m", "aiogroupq", "worker"),
+            *("tests.example_app:make_consumer", "--redis-url", redis_url),
+            *("--name", "w"),
+        ],
         capture_output=True,
         text=True,
         timeout=60,
