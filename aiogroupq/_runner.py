@@ -209,6 +209,12 @@ async def run_task(
         )
         return
 
+    if anyio.current_time() >= running.lease_scope.deadline:
+        # The claim's reply came too late (a Redis stall): the lease may be
+        # gone already. The handler never ran, so no attempt is counted; if
+        # the task was recovered meanwhile, this hand-back is refused.
+        attempt.outcome("back")
+        return
     timeout = (
         route.options.timeout
         if envelope.timeout_ms is None
