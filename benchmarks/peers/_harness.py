@@ -101,8 +101,9 @@ class Adapter:
     async def enqueue_batch(
         self, xs: Sequence[float], groups: Sequence[str | None] | None = None
     ) -> None:
-        """Enqueue many tasks with the library's own batch API."""
-        raise NotImplementedError
+        """Enqueue many tasks with the library's own batch API (only called
+        when :attr:`has_batch`)."""
+        raise NotImplementedError(f"{self.label} has no batch enqueue")
 
     async def serve(
         self,

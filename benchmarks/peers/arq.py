@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 from typing import Any
 
 from arq import create_pool
@@ -41,11 +40,6 @@ class ArqAdapter(Adapter):
         assert self._pool is not None
         assert group is None
         await self._pool.enqueue_job("noop", x, _defer_by=delay)
-
-    async def enqueue_batch(
-        self, xs: Sequence[float], groups: Sequence[str | None] | None = None
-    ) -> None:
-        raise NotImplementedError("arq has no batch enqueue")
 
     async def serve(
         self,

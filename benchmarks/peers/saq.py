@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
 from typing import Any
 
 from saq import Queue, Worker
@@ -42,11 +41,6 @@ class SaqAdapter(Adapter):
             await self._queue.enqueue("noop", x=x, scheduled=time.time() + delay)
         else:
             await self._queue.enqueue("noop", x=x)
-
-    async def enqueue_batch(
-        self, xs: Sequence[float], groups: Sequence[str | None] | None = None
-    ) -> None:
-        raise NotImplementedError("saq has no batch enqueue")
 
     async def serve(
         self,

@@ -10,7 +10,6 @@ Neither broker delays tasks: that takes taskiq's separate scheduler process.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -74,11 +73,6 @@ class TaskiqAdapter(Adapter):
         assert delay is None
         assert group is None
         await self._task.kiq(x)
-
-    async def enqueue_batch(
-        self, xs: Sequence[float], groups: Sequence[str | None] | None = None
-    ) -> None:
-        raise NotImplementedError("taskiq has no batch enqueue")
 
     async def serve(
         self,
