@@ -1,32 +1,36 @@
 """A consistency check of one queue's Redis keys (``fsck`` for a queue).
 
 :func:`check` reads every key of a queue and reports each broken invariant of
-the Lua scripts (see the header of ``_lua/_lib.lua``) as a :class:`Problem`.
-The tests run it after every scenario and every model step; operators can run
-it against a stopped or quiet queue.
+the Lua scripts (see the headers of ``_lua/lib/*.lua``) as a :class:`Problem`;
+``_repair.py`` fixes what it finds. The tests run it after every scenario and
+every model step; operators run it as ``aiogroupq check``.
 
 The check reads with plain pipelines, not one atomic snapshot (a queue may be
 far too large for a single ``MULTI``), so on a busy queue a problem may be a
-race between two reads: run it again before you believe it. Its cost is
-O(keys + list entries) time and memory, a handful of round trips.
+race between two reads: run it again before you believe it. Long lists and
+sets are read in slices of :data:`SLICE` entries, so that no single command
+holds the server for long; the cost is O(keys + entries) time and memory.
 
 Every kind of problem is a module constant (``LOST_TASK``, ``STUCK_PARK``, …);
-their docstring-comments say what each means.
+their comments say what each means.
 """
 
 from __future__ import annotations
 
 __all__ = (
+    "BAD_COUNT",
+    "BAD_ENVELOPE",
     "BAD_FENCE",
     "BAD_TASK",
     "DUPLICATE",
     "GROUP_OVERLAP",
-    "LOCK_MISMATCH",
     "LOST_TASK",
     "MISPLACED",
     "NOT_INFLIGHT",
     "ORPHAN_ENTRY",
-    "STRAY_LOCK",
+    "OVERSIZED",
+    "SLOT_MISMATCH",
+    "STRAY_SLOT",
     "STUCK_PARK",
     "UNINDEXED_DEAD",
     "UNKNOWN_KEY",
@@ -34,18 +38,22 @@ __all__ = (
     "WRONG_SLOT",
     "WRONG_TYPE",
     "Problem",
+    "Snapshot",
     "check",
     "check_queue",
+    "read",
 )
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
+import msgspec
 from redis.crc import key_slot
 from redis.exceptions import ResponseError
 
+from ._codec import unpack
 from ._connection import RedisLike, open_client, unavailable_as_error
 from ._keys import QueueKeys
 
@@ -60,7 +68,11 @@ UNKNOWN_KEY: Final = "unknown-key"
 WRONG_TYPE: Final = "wrong-type"
 #: a task hash misses a field its state needs, or has an unusable value
 BAD_TASK: Final = "bad-task"
-#: a ready / park / delayed / lease / recovery-key / dead entry names no task
+#: a live task's envelope does not decode (the consumer would dead-letter it)
+BAD_ENVELOPE: Final = "bad-envelope"
+#: a live task's envelope is larger than the consumers' payload limit
+OVERSIZED: Final = "oversized"
+#: a ready / line / delayed / lease / recovery-key / dead entry names no task
 ORPHAN_ENTRY: Final = "orphan-entry"
 #: an entry names a task whose state, group or owner does not belong there
 MISPLACED: Final = "misplaced"
@@ -70,45 +82,83 @@ DUPLICATE: Final = "duplicate"
 LOST_TASK: Final = "lost-task"
 #: a running task is missing from its owner's recovery key ``inflight:<c>``
 NOT_INFLIGHT: Final = "not-inflight"
-#: a group's running task does not hold the group's lock with its token
-LOCK_MISMATCH: Final = "lock-mismatch"
-#: a lock held by nobody: a token of no running task of the group, or an
-#: ``@``/``!`` marker whose task is not the group's pending head / halting task
-STRAY_LOCK: Final = "stray-lock"
-#: a grouped task in the ready list that is not its group's ``@`` head
+#: a group's slot holder is marked for another state than its task is in
+#: (e.g. a running task whose mark is not its fencing token)
+SLOT_MISMATCH: Final = "slot-mismatch"
+#: a slot mark or halt marker of a group names no live task of the group
+#: (a mark left behind holds a slot for ever)
+STRAY_SLOT: Final = "stray-slot"
+#: a grouped task in the ready list (or held back) without its slot mark
 UNMARKED_HEAD: Final = "unmarked-head"
-#: a non-empty parked list behind a free group: nothing will ever move it
+#: a group has a line while a slot is free and it is neither paused nor
+#: halted: nothing will ever move the line
 STUCK_PARK: Final = "stuck-park"
-#: two running tasks in one group (group exclusion is broken)
+#: more running tasks in a group than its concurrency and slots allow: with
+#: concurrency 1, two at once (exclusion is broken)
 GROUP_OVERLAP: Final = "group-overlap"
-#: a fencing token above the counter, which would hand it out again
+#: the fence counter is not an integer, or a token is above it
 BAD_FENCE: Final = "bad-fence"
 #: a dead task missing from the dead-letter index, where nobody would find it
 UNINDEXED_DEAD: Final = "unindexed-dead"
+#: a count kept by the scripts (a group's k, d or w, a stats counter, the
+#: backlog, waiting, halted or paused index) disagrees with the keys
+BAD_COUNT: Final = "bad-count"
 
 _LIVE: Final = frozenset({"queued", "delayed", "running"})
-_TERMINAL: Final = frozenset({"succeeded", "dead", "cancelled"})
-# Fixed keys by their name after the prefix.
-_FIXED: Final = ("ready", "delayed", "leases", "wake", "fence", "dead")
+_TERMINAL: Final = frozenset({"succeeded", "dead", "cancelled", "expired"})
+_KNOWN_STATES: Final = _LIVE | _TERMINAL
+
+# Fixed keys by their name after the prefix, with their type.
+FIXED: Final = {
+    "ready": "list",
+    "delayed": "zset",
+    "leases": "zset",
+    "wake": "list",
+    "fence": "string",
+    "dead": "zset",
+    "conf": "hash",
+    "stats": "hash",
+    "pready": "zset",
+    "pseq": "string",
+    "backlog": "zset",
+    "waiting": "zset",
+    "halted": "set",
+    "paused": "set",
+}
 # Per-task / per-group / per-consumer keys by the word before the first ":"
-# (every method of QueueKeys; a key the scripts gain must be added here).
-_FAMILIES: Final = frozenset(
-    {"t", "lock", "park", "inflight", "consumer", "lastclaim", "dedup", "done"}
-)
-# Families that are plain STRINGs, only type-checked.
-_STRINGS: Final = frozenset({"dedup", "consumer", "lastclaim"})
-# Fields read from a task hash, in this order.
-_FIELDS: Final = ("s", "g", "a", "m", "k", "c")
-# Commands per pipeline round trip: bounds one reply's size on a big queue.
+# (every method of QueueKeys), with their type.
+FAMILIES: Final = {
+    "t": "hash",
+    "grp": "hash",
+    "park": "list",
+    "held": "list",
+    "gconf": "hash",
+    "rate": "list",
+    "inflight": "set",
+    "consumer": "string",
+    "lastclaim": "string",
+    "dedup": "string",
+    "done": "list",
+    "sched": "string",
+}
+#: a "~<group>" member of the delayed ZSET: a rate-limited group's wake-up
+RATE_WAKE: Final = "~"
+#: entries per LRANGE / ZRANGE / SSCAN step
+SLICE: Final = 10_000
+#: commands per pipeline round trip
 _CHUNK: Final = 1000
+#: default payload limit the check holds envelopes to (the consumers')
+DEFAULT_MAX_PAYLOAD: Final = 512 * 1024
+# Fields read from a task hash, in this order.
+_FIELDS: Final = ("s", "g", "a", "m", "k", "c", "ft", "dt", "p")
 
 
 @dataclass(frozen=True, slots=True)
 class Problem:
     """One broken invariant.
 
-    :ivar kind: what is broken, e.g. ``"stuck-park"`` (a parked line behind
-        a free group) or ``"lost-task"`` (a live task in no list)
+    :ivar kind: what is broken, e.g. ``"stuck-park"`` (a group's line behind
+        a free slot) or ``"lost-task"`` (a live task in no list)
     :ivar task_id: the task concerned, if one is
     :ivar group: the group concerned, if one is
     :ivar detail: a sentence for humans (key names, values seen)
@@ -129,7 +179,7 @@ class Problem:
 
 
 @dataclass(slots=True)
-class _Task:
+class Task:
     """The fields of one task hash that the check needs."""
 
     id: str
@@ -139,23 +189,65 @@ class _Task:
     max_attempts: str | None
     token: str | None
     consumer: str | None
-    has_envelope: bool
+    ended: str | None
+    due: str | None
+    priority: str | None
+    envelope_size: int  # 0: no envelope field
 
 
 @dataclass(slots=True)
-class _Snapshot:
-    """Everything read from Redis, decoded to str."""
+class GroupState:
+    """A group's hash: counts, slot marks and halt marker."""
 
-    tasks: dict[str, _Task] = field(default_factory=dict)
+    k: str | None = None
+    d: str | None = None
+    w: str | None = None
+    halted: str | None = None
+    marks: dict[str, str] = field(default_factory=dict)
+    other: list[str] = field(default_factory=list)  # fields no script writes
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """Everything the check read, decoded to str."""
+
+    keys: QueueKeys
+    tasks: dict[str, Task] = field(default_factory=dict)
     ready: list[str] = field(default_factory=list)
+    pready: list[str] = field(default_factory=list)
     delayed: list[str] = field(default_factory=list)
     leases: list[str] = field(default_factory=list)
     dead: list[str] = field(default_factory=list)
     fence: str | None = None
-    locks: dict[str, str] = field(default_factory=dict)
+    conf: dict[str, str] = field(default_factory=dict)
+    stats: dict[str, str] = field(default_factory=dict)
+    backlog: dict[str, float] = field(default_factory=dict)
+    waiting: set[str] = field(default_factory=set)
+    halted: set[str] = field(default_factory=set)
+    paused: set[str] = field(default_factory=set)
+    groups: dict[str, GroupState] = field(default_factory=dict)
+    gconf: dict[str, dict[str, str]] = field(default_factory=dict)
     parks: dict[str, list[str]] = field(default_factory=dict)
+    held: dict[str, list[str]] = field(default_factory=dict)
     inflight: dict[str, list[str]] = field(default_factory=dict)
+    #: (key, its type) of every key whose type is wrong
+    wrong_types: list[tuple[str, str]] = field(default_factory=list)
+    unknown: list[str] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
+    #: live tasks whose envelope does not decode or is too large: id ->
+    #: (BAD_ENVELOPE or OVERSIZED, why)
+    bad_envelopes: dict[str, tuple[str, str]] = field(default_factory=dict)
+    #: True if the queue has no key at all
+    empty: bool = True
+
+    def limit(self, group: str) -> int:
+        """The group's concurrency (its own, else the queue's default)."""
+        own = self.gconf.get(group, {}).get("c") or self.conf.get("c")
+        return int(own) if own and own.isdigit() else 1
+
+    def is_paused(self, group: str) -> bool:
+        """Whether the group is paused."""
+        return self.gconf.get(group, {}).get("p") == "1"
 
 
 def _text(value: object) -> str:
@@ -167,6 +259,10 @@ def _text(value: object) -> str:
 
 def _opt(value: object) -> str | None:
     return None if value is None else _text(value)
+
+
+def _raw(key: str) -> bytes:
+    return key.encode("utf-8", "surrogateescape")
 
 
 async def _run(
@@ -183,127 +279,217 @@ async def _run(
     return out
 
 
-# Per task: the fields, whether the (possibly large, binary) envelope is
-# there without reading it, and whether the hash exists at all.
-_TASK_CALLS: Final = 3
+async def _read_all(client: Redis, key: str, kind: str) -> list[Any] | None:
+    """Every element of a list, set or zset (zset: member, score pairs), in
+    slices; ``None`` if the key holds another type."""
+    raw = _raw(key)
+    out: list[Any] = []
+    try:
+        if kind == "set":
+            return [member async for member in client.sscan_iter(raw, count=SLICE)]
+        start = 0
+        while True:
+            if kind == "list":
+                part: Any = await client.lrange(raw, start, start + SLICE - 1)
+            else:
+                part = await client.zrange(
+                    raw, start, start + SLICE - 1, withscores=True
+                )
+            out += part
+            if len(part) < SLICE:
+                return out
+            start += SLICE
+    except ResponseError as exc:
+        if "WRONGTYPE" in str(exc):
+            return None
+        raise
 
 
-def _task_calls(key: object) -> list[tuple[str, tuple[Any, ...]]]:
-    return [("HMGET", (key, *_FIELDS)), ("HEXISTS", (key, "e")), ("HLEN", (key,))]
+async def _types(client: Redis, names: Sequence[str]) -> list[str]:
+    replies = await _run(client, [("TYPE", (_raw(name),)) for name in names])
+    return [_text(r) for r in replies]
 
 
-def _parse_task(task_id: str, replies: list[Any]) -> _Task | ResponseError | None:
-    """A task from its :func:`_task_calls` replies; None if the hash is gone."""
-    for reply in replies:
-        if isinstance(reply, ResponseError):
-            return reply
-    fields, has_e, size = replies
-    if not size:
-        return None  # expired or deleted since the scan
-    state, group, attempt, max_attempts, token, consumer = (_opt(v) for v in fields)
-    return _Task(
-        task_id, state, group, attempt, max_attempts, token, consumer, bool(has_e)
+def _classify(keys: QueueKeys, name: str) -> tuple[str, str, str] | None:
+    """(family or fixed name, item, expected type) of a key of the queue, or
+    None for a key no script makes."""
+    rest = name.removeprefix(keys.prefix)
+    if rest in FIXED:
+        return rest, "", FIXED[rest]
+    family, sep, item = rest.partition(":")
+    if not sep or not item or family not in FAMILIES:
+        return None
+    return family, item, FAMILIES[family]
+
+
+async def read(
+    client: Redis, keys: QueueKeys, *, max_payload: int = DEFAULT_MAX_PAYLOAD
+) -> Snapshot:
+    """Read every key of a queue into a :class:`Snapshot` (no checks yet,
+    except the ones reading makes: slots, unknown keys, wrong types,
+    undecodable envelopes)."""
+    snap = Snapshot(keys)
+    slot = key_slot(_raw(keys.ready))
+    names = sorted(
+        {_text(raw) async for raw in client.scan_iter(match=keys.pattern(), count=1000)}
     )
-
-
-async def _read(client: Redis, keys: QueueKeys) -> _Snapshot:
-    snap = _Snapshot()
-    slot = key_slot(keys.ready.encode())
-    fixed = {name: keys.prefix + name for name in _FIXED}
-    scanned: list[tuple[Any, str]] = [
-        (raw, _text(raw))
-        async for raw in client.scan_iter(match=keys.pattern(), count=1000)
-    ]
-    # The fixed keys are read whether or not the scan saw them (absent = empty).
-    calls: list[tuple[str, tuple[Any, ...]]] = [
-        ("LRANGE", (fixed["ready"], 0, -1)),
-        ("ZRANGE", (fixed["delayed"], 0, -1)),
-        ("ZRANGE", (fixed["leases"], 0, -1)),
-        ("LLEN", (fixed["wake"],)),
-        ("GET", (fixed["fence"],)),
-        ("ZRANGE", (fixed["dead"], 0, -1)),
-    ]
-    # What each later reply belongs to: (family, name, key) per command group.
-    plan: list[tuple[str, str, str]] = []
-    fixed_names = set(fixed.values())
-    for raw, name in scanned:
-        raw_bytes = raw if isinstance(raw, bytes) else name.encode()
-        if key_slot(raw_bytes) != slot:
+    snap.empty = not names
+    classified: list[tuple[str, str, str, str]] = []  # family, item, key, type
+    for name in names:
+        if key_slot(_raw(name)) != slot:
             snap.problems.append(
                 Problem(WRONG_SLOT, None, None, f"{name} is not in slot {slot}")
             )
-        if name in fixed_names:
+        found = _classify(keys, name)
+        if found is None:
+            snap.unknown.append(name)
             continue
-        rest = name.removeprefix(keys.prefix)
-        family, sep, item = rest.partition(":")
-        if not sep or not item or family not in _FAMILIES:
-            snap.problems.append(
-                Problem(UNKNOWN_KEY, None, None, f"{name}: no script makes this key")
-            )
+        classified.append((found[0], found[1], name, found[2]))
+    actual = await _types(client, [c[2] for c in classified])
+    usable: list[tuple[str, str, str]] = []
+    for (family, item, name, expected), kind in zip(classified, actual, strict=True):
+        if kind == "none":  # gone since the scan
             continue
-        plan.append((family, item, name))
-        if family == "t":
-            calls += _task_calls(raw)
-        elif family == "lock" or family in _STRINGS:
-            calls.append(("GET", (raw,)))
-        elif family == "park":
-            calls.append(("LRANGE", (raw, 0, -1)))
-        elif family == "inflight":
-            calls.append(("SMEMBERS", (raw,)))
-        else:  # done: a LIST of tokens for Producer.result's waiters
-            calls.append(("LLEN", (raw,)))
-    replies = iter(await _run(client, calls))
+        if kind != expected:
+            snap.wrong_types.append((name, kind))
+            continue
+        usable.append((family, item, name))
 
-    def typed(reply: Any, key: str, default: Any) -> Any:
-        if isinstance(reply, ResponseError):
-            snap.problems.append(Problem(WRONG_TYPE, None, None, f"{key}: {reply}"))
-            return default
-        return reply
-
-    snap.ready = [_text(v) for v in typed(next(replies), fixed["ready"], [])]
-    snap.delayed = [_text(v) for v in typed(next(replies), fixed["delayed"], [])]
-    snap.leases = [_text(v) for v in typed(next(replies), fixed["leases"], [])]
-    typed(next(replies), fixed["wake"], 0)
-    snap.fence = _opt(typed(next(replies), fixed["fence"], None))
-    snap.dead = [_text(v) for v in typed(next(replies), fixed["dead"], [])]
-    for family, item, key in plan:
+    tasks: list[str] = []
+    small: list[tuple[str, str, str]] = []  # hashes and strings: one command each
+    for family, item, name in usable:
+        kind = FIXED.get(family) or FAMILIES[family]
         if family == "t":
-            task = _parse_task(item, [next(replies) for _ in range(_TASK_CALLS)])
-            if isinstance(task, ResponseError):
-                typed(task, key, None)
-            elif task is not None:
-                snap.tasks[item] = task
-        elif family == "lock":
-            value = typed(next(replies), key, None)
-            if value is not None:
-                snap.locks[item] = _text(value)
-        elif family == "park":
-            snap.parks[item] = [_text(v) for v in typed(next(replies), key, [])]
-        elif family == "inflight":
-            snap.inflight[item] = [_text(v) for v in typed(next(replies), key, [])]
+            tasks.append(item)
+        elif kind in ("hash", "string"):
+            small.append((family, item, name))
         else:
-            typed(next(replies), key, None)
+            values = await _read_all(client, name, kind)
+            if values is None:
+                snap.wrong_types.append((name, "changed"))
+                continue
+            _store_collection(snap, family, item, values)
+    calls: list[tuple[str, tuple[Any, ...]]] = []
+    for family, _, name in small:
+        kind = FIXED.get(family) or FAMILIES[family]
+        calls.append(("HGETALL" if kind == "hash" else "GET", (_raw(name),)))
+    for family_item, reply in zip(small, await _run(client, calls), strict=True):
+        if isinstance(reply, ResponseError):
+            snap.wrong_types.append((family_item[2], "changed"))
+            continue
+        _store_small(snap, family_item[0], family_item[1], reply)
     # Tasks created after the scan but already referenced: read them too, so
     # a live queue does not show its newest entries as orphans.
     referenced = {
         *snap.ready,
-        *snap.delayed,
+        *snap.pready,
+        *(i for i in snap.delayed if not i.startswith(RATE_WAKE)),
         *snap.leases,
         *snap.dead,
         *(i for ids in snap.parks.values() for i in ids),
+        *(i for ids in snap.held.values() for i in ids),
         *(i for ids in snap.inflight.values() for i in ids),
-        *(v[1:] for v in snap.locks.values() if v[:1] in ("@", "!")),
     }
-    late = sorted(referenced - snap.tasks.keys())
-    if late:
-        calls = [c for task_id in late for c in _task_calls(keys.task(task_id))]
-        replies = iter(await _run(client, calls))
-        for task_id in late:
-            task = _parse_task(task_id, [next(replies) for _ in range(_TASK_CALLS)])
-            # (A wrong type is reported when a scan sees the key.)
-            if isinstance(task, _Task):
-                snap.tasks[task_id] = task
+    await _read_tasks(client, snap, sorted(set(tasks) | referenced), max_payload)
     return snap
+
+
+def _store_collection(
+    snap: Snapshot, family: str, item: str, values: list[Any]
+) -> None:
+    if family in ("delayed", "leases", "dead", "pready"):
+        setattr(snap, family, [_text(member) for member, _ in values])
+    elif family == "backlog":
+        snap.backlog = {_text(member): float(score) for member, score in values}
+    elif family == "waiting":
+        snap.waiting = {_text(member) for member, _ in values}
+    elif family in ("halted", "paused"):
+        setattr(snap, family, {_text(member) for member in values})
+    elif family == "ready":
+        snap.ready = [_text(v) for v in values]
+    elif family == "park":
+        snap.parks[item] = [_text(v) for v in values]
+    elif family == "held":
+        snap.held[item] = [_text(v) for v in values]
+    elif family == "inflight":
+        snap.inflight[item] = [_text(v) for v in values]
+    # wake, rate, done: only their type matters
+
+
+def _store_small(snap: Snapshot, family: str, item: str, reply: Any) -> None:
+    if family == "fence":
+        snap.fence = _opt(reply)
+    elif family in ("conf", "stats"):
+        setattr(snap, family, {_text(k): _text(v) for k, v in reply.items()})
+    elif family == "gconf":
+        snap.gconf[item] = {_text(k): _text(v) for k, v in reply.items()}
+    elif family == "grp":
+        state = GroupState()
+        for raw_name, raw_value in reply.items():
+            name, value = _text(raw_name), _text(raw_value)
+            if name in ("k", "d", "w"):
+                setattr(state, name, value)
+            elif name == "!":
+                state.halted = value
+            elif name.startswith("h:"):
+                state.marks[name[2:]] = value
+            else:
+                state.other.append(name)
+        snap.groups[item] = state
+
+
+async def _read_tasks(
+    client: Redis, snap: Snapshot, ids: list[str], max_payload: int
+) -> None:
+    calls: list[tuple[str, tuple[Any, ...]]] = []
+    for task_id in ids:
+        key = _raw(snap.keys.task(task_id))
+        calls += [("HMGET", (key, *_FIELDS)), ("HSTRLEN", (key, "e")), ("HLEN", (key,))]
+    replies = await _run(client, calls)
+    for index, task_id in enumerate(ids):
+        fields, size, length = replies[3 * index : 3 * index + 3]
+        if isinstance(fields, ResponseError):
+            continue  # reported as a wrong type when the scan saw the key
+        if not length:
+            continue  # expired or deleted since the scan
+        state, group, attempt, max_attempts, token, consumer, ended, due, prio = (
+            _opt(v) for v in fields
+        )
+        snap.tasks[task_id] = Task(
+            task_id,
+            state,
+            group,
+            attempt,
+            max_attempts,
+            token,
+            consumer,
+            ended,
+            due,
+            prio,
+            int(size or 0),
+        )
+    # Envelopes of live tasks: decodable, and within the payload limit.
+    live = [t for t in snap.tasks.values() if t.state in _LIVE and t.envelope_size]
+    for start in range(0, len(live), _CHUNK):
+        part = live[start : start + _CHUNK]
+        async with client.pipeline(transaction=False) as pipe:
+            for task in part:
+                if task.envelope_size <= max_payload:
+                    pipe.hget(_raw(snap.keys.task(task.id)), "e")
+                else:
+                    pipe.echo(b"")
+            envelopes: list[Any] = await pipe.execute(raise_on_error=False)
+        for task, envelope in zip(part, envelopes, strict=True):
+            if task.envelope_size > max_payload:
+                snap.bad_envelopes[task.id] = (
+                    OVERSIZED,
+                    f"{task.envelope_size} bytes, over the limit of {max_payload}",
+                )
+            elif isinstance(envelope, bytes):
+                try:
+                    unpack(envelope)
+                except (msgspec.DecodeError, ValueError, RecursionError) as exc:
+                    snap.bad_envelopes[task.id] = (BAD_ENVELOPE, str(exc))
 
 
 def _is_int(value: str | None) -> bool:
@@ -319,10 +505,10 @@ def _is_int(value: str | None) -> bool:
 class _Checker:
     """Applies every rule to one snapshot; :meth:`run` returns the problems."""
 
-    def __init__(self, snap: _Snapshot) -> None:
+    def __init__(self, snap: Snapshot) -> None:
         self.snap = snap
         self.problems = list(snap.problems)
-        # The primary place of each task: "ready", "park:<g>", "delayed",
+        # Every place of each task: "ready", "park:<g>", "held:<g>", "delayed",
         # "leases", once per entry (so a double entry counts twice).
         self.places: dict[str, list[str]] = defaultdict(list)
 
@@ -332,14 +518,20 @@ class _Checker:
         self.problems.append(Problem(kind, task_id, group, detail))
 
     def run(self) -> list[Problem]:
-        for task in self.snap.tasks.values():
+        snap = self.snap
+        for name in snap.unknown:
+            self.report(UNKNOWN_KEY, None, None, f"{name}: no script makes this key")
+        for name, kind in snap.wrong_types:
+            self.report(WRONG_TYPE, None, None, f"{name} is a {kind}")
+        for task in snap.tasks.values():
             self.check_fields(task)
         self.collect_places()
-        for task in self.snap.tasks.values():
+        for task in snap.tasks.values():
             self.check_place(task)
         self.check_inflight()
         self.check_dead_index()
         self.check_groups()
+        self.check_indexes()
         self.check_fence()
         return sorted(
             set(self.problems),
@@ -348,20 +540,22 @@ class _Checker:
 
     # -- tasks --------------------------------------------------------------
 
-    def check_fields(self, task: _Task) -> None:
+    def check_fields(self, task: Task) -> None:
         missing = []
-        if task.state not in _LIVE | _TERMINAL:
+        if task.state not in _KNOWN_STATES:
             self.report(BAD_TASK, task.id, task.group, f"unknown state {task.state!r}")
             return
         if task.group == "":
             self.report(BAD_TASK, task.id, None, "empty group field g")
         if task.state in _LIVE:
-            if not task.has_envelope:
+            if not task.envelope_size:
                 missing.append("e")
             if not _is_int(task.attempt):
                 missing.append("a")
             if not _is_int(task.max_attempts):
                 missing.append("m")
+            if task.priority is not None and not _is_int(task.priority):
+                missing.append("p")
         if task.state == "running":
             if not _is_int(task.token):
                 missing.append("k")
@@ -376,23 +570,28 @@ class _Checker:
                 task.group,
                 f"{task.state} task lacks valid field(s) {', '.join(missing)}",
             )
+        if task.id in self.snap.bad_envelopes:
+            kind, detail = self.snap.bad_envelopes[task.id]
+            self.report(kind, task.id, task.group, detail)
 
     def collect_places(self) -> None:
-        containers: list[tuple[str, str | None, Iterable[str]]] = [
-            ("ready", None, self.snap.ready),
-            ("delayed", None, self.snap.delayed),
-            ("leases", None, self.snap.leases),
+        snap = self.snap
+        containers: list[tuple[str, Iterable[str]]] = [
+            ("ready", snap.ready),
+            ("ready", snap.pready),
+            ("delayed", (i for i in snap.delayed if not i.startswith(RATE_WAKE))),
+            ("leases", snap.leases),
         ]
-        containers += [("park", g, ids) for g, ids in self.snap.parks.items()]
-        for where, group, ids in containers:
-            label = where if group is None else f"park:{group}"
+        containers += [(f"park:{g}", ids) for g, ids in snap.parks.items()]
+        containers += [(f"held:{g}", ids) for g, ids in snap.held.items()]
+        for label, ids in containers:
             for task_id in ids:
-                if task_id not in self.snap.tasks:
-                    self.report(ORPHAN_ENTRY, task_id, group, f"{label} names no task")
+                if task_id not in snap.tasks:
+                    self.report(ORPHAN_ENTRY, task_id, None, f"{label} names no task")
                 else:
                     self.places[task_id].append(label)
 
-    def check_place(self, task: _Task) -> None:
+    def check_place(self, task: Task) -> None:
         places = self.places.get(task.id, [])
         if task.state in _TERMINAL:
             for label in sorted(set(places)):
@@ -404,7 +603,7 @@ class _Checker:
             return  # reported as BAD_TASK
         if not places:
             where = {
-                "queued": "the ready list or its parked list",
+                "queued": "the ready list, its group's line or held list",
                 "delayed": "the delayed set",
                 "running": "the lease set (it would never be recovered)",
             }[task.state]
@@ -418,8 +617,9 @@ class _Checker:
                 f"{task.state} task in {', '.join(sorted(places))}",
             )
             return
+        grouped = {f"park:{task.group}", f"held:{task.group}"} if task.group else set()
         allowed = {
-            "queued": {"ready"} | ({f"park:{task.group}"} if task.group else set()),
+            "queued": {"ready"} | grouped,
             "delayed": {"delayed"},
             "running": {"leases"},
         }[task.state]
@@ -478,89 +678,140 @@ class _Checker:
 
     # -- groups -------------------------------------------------------------
 
-    def check_groups(self) -> None:
-        tasks = self.snap.tasks
-        running: dict[str, list[_Task]] = defaultdict(list)
-        for task in tasks.values():
-            if task.group and task.state == "running":
-                running[task.group].append(task)
-        in_ready: dict[str, list[str]] = defaultdict(list)
-        ready_set = set(self.snap.ready)
-        for task_id in self.snap.ready:
-            entry = tasks.get(task_id)
-            if entry is not None and entry.group and entry.state == "queued":
-                in_ready[entry.group].append(task_id)
-        groups = (
-            set(self.snap.locks)
-            | {g for g, ids in self.snap.parks.items() if ids}
-            | set(running)
-            | set(in_ready)
+    def group_names(self) -> set[str]:
+        snap = self.snap
+        return (
+            set(snap.groups)
+            | {g for g, ids in snap.parks.items() if ids}
+            | {g for g, ids in snap.held.items() if ids}
+            | {t.group for t in snap.tasks.values() if t.group and t.state in _LIVE}
         )
-        delayed_set = set(self.snap.delayed)
-        for g in sorted(groups):
-            lock = self.snap.locks.get(g)
-            holders = running.get(g, [])
-            if len(holders) > 1:
-                ids = ", ".join(sorted(t.id for t in holders))
-                self.report(GROUP_OVERLAP, None, g, f"running at once: {ids}")
-            for task in holders:
-                if lock != task.token:
-                    self.report(
-                        LOCK_MISMATCH,
-                        task.id,
-                        g,
-                        f"lock is {lock!r}, the running task's token {task.token!r}",
-                    )
-            if lock is None:
-                if self.snap.parks.get(g):
-                    self.report(
-                        STUCK_PARK,
-                        None,
-                        g,
-                        f"{len(self.snap.parks[g])} parked behind a free group"
-                        " with no head pending",
-                    )
-            elif not holders:
-                self.check_idle_lock(g, lock, ready_set, delayed_set)
-            for task_id in in_ready[g]:
-                if lock != "@" + task_id:
-                    self.report(
-                        UNMARKED_HEAD,
-                        task_id,
-                        g,
-                        f"in the ready list but the lock is {lock!r}",
-                    )
 
-    def check_idle_lock(
-        self, g: str, lock: str, ready: set[str], delayed: set[str]
+    def check_groups(self) -> None:
+        snap = self.snap
+        live: dict[str, list[Task]] = defaultdict(list)
+        for task in snap.tasks.values():
+            if task.group and task.state in _LIVE:
+                live[task.group].append(task)
+        ready = set(snap.ready) | set(snap.pready)
+        for g in sorted(self.group_names()):
+            state = snap.groups.get(g, GroupState())
+            self.check_group(g, state, live.get(g, []), ready)
+
+    def check_group(
+        self, g: str, state: GroupState, tasks: list[Task], ready: set[str]
     ) -> None:
-        """A lock of a group with no running task must mark its pending head
-        (``@id``, in the ready list or its retry backoff) or its halting dead
-        task (``!id``)."""
-        marker, target = lock[:1], lock[1:]
-        if marker not in ("@", "!"):
+        snap = self.snap
+        by_id = {t.id: t for t in tasks}
+        line = snap.parks.get(g, [])
+        held = set(snap.held.get(g, []))
+        limit = snap.limit(g)
+        running = [t for t in tasks if t.state == "running"]
+        # More running than its slots allow (a lowered concurrency lets the
+        # tasks already holding slots finish).
+        if len(running) > max(limit, len(state.marks)):
+            ids = ", ".join(sorted(t.id for t in running))
+            self.report(GROUP_OVERLAP, None, g, f"running at once: {ids}")
+        first_delay = 0
+        for task in tasks:
+            mark = state.marks.get(task.id)
+            expected = self.expected_mark(task, ready, held, line)
+            if expected == "first":
+                first_delay += 1
+                if mark is not None and mark != "r":
+                    self.report(
+                        SLOT_MISMATCH, task.id, g, f"delayed task marked {mark!r}"
+                    )
+            elif expected == "line":
+                if mark is not None:
+                    self.report(
+                        SLOT_MISMATCH, task.id, g, f"task in the line marked {mark!r}"
+                    )
+            elif expected is not None and mark is None:
+                where = "ready list" if expected == "@" else "held list"
+                kind = UNMARKED_HEAD if expected in ("@", "~") else SLOT_MISMATCH
+                self.report(
+                    kind, task.id, g, f"{task.state} task ({where}) has no mark"
+                )
+            elif expected is not None and mark != expected:
+                self.report(
+                    SLOT_MISMATCH,
+                    task.id,
+                    g,
+                    f"{task.state} task marked {mark!r}, expected {expected!r}",
+                )
+        for task_id, mark in state.marks.items():
+            if task_id not in by_id:
+                self.report(
+                    STRAY_SLOT, task_id, g, f"mark {mark!r} of no live task of g"
+                )
+        if state.halted is not None:
+            halting = snap.tasks.get(state.halted)
+            if halting is None or halting.state != "dead" or halting.group != g:
+                what = "no task" if halting is None else f"a {halting.state} task"
+                self.report(STRAY_SLOT, state.halted, g, f"halted behind {what}")
+        counts = {"k": len(state.marks), "d": first_delay, "w": len(line)}
+        for name, want in counts.items():
+            have = getattr(state, name) or "0"
+            if not _is_int(have) or int(have) != want:
+                self.report(BAD_COUNT, None, g, f"{name} is {have!r}, counted {want}")
+        for name in state.other:
+            self.report(BAD_COUNT, None, g, f"field {name!r} no script writes")
+        blocked = state.halted is not None or snap.is_paused(g)
+        if line and not blocked and len(state.marks) < limit:
             self.report(
-                STRAY_LOCK, None, g, f"token {lock!r} but no task of it is running"
+                STUCK_PARK,
+                None,
+                g,
+                f"{len(line)} in line behind {len(state.marks)} of {limit} slots taken",
             )
-            return
-        task = self.snap.tasks.get(target)
-        if task is None:
-            self.report(STRAY_LOCK, target, g, f"lock {lock!r} names no task")
-            return
-        if task.group != g:
-            why = f"lock {lock!r} names a task of group {task.group!r}"
-        elif marker == "!":
-            if task.state == "dead":
-                return
-            why = f"halting lock {lock!r} names a {task.state} task"
-        elif (task.state == "queued" and target in ready) or (
-            task.state == "delayed" and target in delayed
-        ):
-            return
-        else:
-            where = "parked" if target not in ready | delayed else "misplaced"
-            why = f"head lock {lock!r} names a {task.state} task ({where})"
-        self.report(STRAY_LOCK, target, g, why)
+
+    def expected_mark(
+        self, task: Task, ready: set[str], held: set[str], line: list[str]
+    ) -> str | None:
+        """What the group's mark of *task* should be: '@', '~', 'r', its
+        token, "line", "first" (a first delay: no mark), or None (lost or
+        misplaced: reported elsewhere)."""
+        if task.state == "running":
+            return task.token
+        if task.state == "delayed":
+            return (
+                "r" if _is_int(task.attempt) and int(task.attempt or 0) > 0 else "first"
+            )
+        if task.id in ready:
+            return "@"
+        if task.id in held:
+            return "~"
+        if task.id in line:
+            return "line"
+        return None
+
+    def check_indexes(self) -> None:
+        snap = self.snap
+        with_line = {g: len(ids) for g, ids in snap.parks.items() if ids}
+        if {g: int(n) for g, n in snap.backlog.items()} != with_line:
+            self.report(BAD_COUNT, None, None, "backlog index differs from the lines")
+        if snap.waiting != set(with_line):
+            self.report(BAD_COUNT, None, None, "waiting index differs from the lines")
+        halted = {g for g, s in snap.groups.items() if s.halted is not None}
+        if snap.halted != halted:
+            self.report(BAD_COUNT, None, None, "halted index differs from the groups")
+        paused = {g for g in snap.gconf if snap.is_paused(g)}
+        if snap.paused != paused:
+            self.report(BAD_COUNT, None, None, "paused index differs from the groups")
+        wakes = sum(1 for m in snap.delayed if m.startswith(RATE_WAKE))
+        counts = {
+            "parked": sum(with_line.values()),
+            "held": sum(len(ids) for ids in snap.held.values()),
+            "ratewait": wakes,
+            "groups": len(snap.groups),
+        }
+        for name, want in counts.items():
+            have = snap.stats.get(name, "0")
+            if not _is_int(have) or int(have) != want:
+                self.report(
+                    BAD_COUNT, None, None, f"stats {name} is {have!r}, counted {want}"
+                )
 
     def check_fence(self) -> None:
         tokens = [
@@ -568,16 +819,17 @@ class _Checker:
             for t in self.snap.tasks.values()
             if t.token is not None and _is_int(t.token)
         ]
+        fence = self.snap.fence
+        if fence is not None and not _is_int(fence):
+            self.report(BAD_FENCE, None, None, f"fence is {fence!r}, not an integer")
+            return
         if not tokens:
             return
-        if not _is_int(self.snap.fence):
-            self.report(
-                BAD_FENCE, None, None, f"fence is {self.snap.fence!r} but tokens exist"
-            )
+        if fence is None:
+            self.report(BAD_FENCE, None, None, "fence is missing but tokens exist")
             return
-        fence = int(self.snap.fence or 0)
         for task_id, group, token in tokens:
-            if token > fence:
+            if token > int(fence):
                 self.report(
                     BAD_FENCE,
                     task_id,
@@ -586,16 +838,23 @@ class _Checker:
                 )
 
 
-async def check(client: Redis, keys: QueueKeys) -> list[Problem]:
+def problems_of(snap: Snapshot) -> list[Problem]:
+    """Apply every rule to a snapshot."""
+    return _Checker(snap).run()
+
+
+async def check(
+    client: Redis, keys: QueueKeys, *, max_payload: int = DEFAULT_MAX_PAYLOAD
+) -> list[Problem]:
     """Walk one queue's keys and report every broken invariant.
 
     :param client: any client of the queue's server (bytes or decoded replies)
     :param keys: the queue's key names
+    :param max_payload: the consumers' payload limit, in bytes
     :return: the problems, sorted by kind, group and task; empty if the queue
         is consistent
     """
-    snap = await _read(client, keys)
-    return _Checker(snap).run()
+    return problems_of(await read(client, keys, max_payload=max_payload))
 
 
 async def check_queue(redis: RedisLike, queue: str) -> list[Problem]:
@@ -617,3 +876,8 @@ async def check_queue(redis: RedisLike, queue: str) -> list[Problem]:
 async def _checked(redis: RedisLike, keys: QueueKeys) -> list[Problem]:
     async with open_client(redis, retry=True) as client:
         return await check(client, keys)
+
+
+def tally(problems: Iterable[Problem]) -> Counter[str]:
+    """How many problems of each kind."""
+    return Counter(p.kind for p in problems)

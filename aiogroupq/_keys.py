@@ -26,49 +26,78 @@ def validate_queue_name(queue: object) -> str:
 class QueueKeys:
     """The key names of one queue.
 
-    Fixed keys are attributes; per-task and per-group keys are methods. Lua
-    scripts receive :attr:`prefix` and build the same names (see ``_lib.lua``).
+    Fixed keys are attributes; per-task, per-group and per-consumer keys are
+    methods. Lua scripts receive :attr:`prefix` and build the same names (see
+    ``_lua/lib/base.lua`` and ``_lua/lib/groups.lua``).
     """
 
     __slots__ = (
+        "backlog",
+        "conf",
         "dead",
         "delayed",
         "fence",
+        "halted",
         "leases",
+        "paused",
+        "pready",
         "prefix",
+        "pseq",
         "queue",
         "ready",
+        "stats",
+        "waiting",
         "wake",
     )
 
     def __init__(self, queue: str) -> None:
         self.queue = validate_queue_name(queue)
-        self.prefix = f"{{aiogroupq:{queue}}}:"
-        self.ready = self.prefix + "ready"  # LIST of runnable task ids, head first
-        self.delayed = self.prefix + "delayed"  # ZSET id -> due time (server ms)
-        self.leases = self.prefix + "leases"  # ZSET id -> lease deadline (server ms)
-        self.wake = self.prefix + "wake"  # LIST of wake tokens for blocked fetchers
-        self.fence = self.prefix + "fence"  # counter: fencing tokens
-        self.dead = self.prefix + "dead"  # ZSET id -> time dead-lettered (ms)
+        self.prefix = p = f"{{aiogroupq:{queue}}}:"
+        self.ready = p + "ready"  # LIST of runnable task ids, next first
+        self.delayed = p + "delayed"  # ZSET id -> due time (server ms)
+        self.leases = p + "leases"  # ZSET id -> lease deadline (server ms)
+        self.wake = p + "wake"  # LIST of wake tokens for blocked fetchers
+        self.fence = p + "fence"  # counter: fencing tokens
+        self.dead = p + "dead"  # ZSET id -> time dead-lettered (ms)
+        self.conf = p + "conf"  # HASH the queue's settings
+        self.stats = p + "stats"  # HASH counters kept by the scripts
+        self.pready = p + "pready"  # ZSET runnable ids once priorities are used
+        self.pseq = p + "pseq"  # STRING the score sequence of pready
+        self.backlog = p + "backlog"  # ZSET group -> tasks in its line
+        self.waiting = p + "waiting"  # ZSET group -> since when it has a line
+        self.halted = p + "halted"  # SET groups halted behind a dead task
+        self.paused = p + "paused"  # SET paused groups
 
     def task(self, task_id: str) -> str:
         """HASH holding one task's envelope and bookkeeping."""
         return f"{self.prefix}t:{task_id}"
 
-    def lock(self, group: str) -> str:
-        """STRING: fencing token of the running task, or ``@<id>`` for the next head."""
-        return f"{self.prefix}lock:{group}"
+    def group(self, group: str) -> str:
+        """HASH of a group with live tasks: slot holders and counts."""
+        return f"{self.prefix}grp:{group}"
 
     def parked(self, group: str) -> str:
-        """LIST of a group's waiting task ids, oldest first."""
+        """LIST of a group's waiting task ids (its line), oldest first."""
         return f"{self.prefix}park:{group}"
+
+    def held(self, group: str) -> str:
+        """LIST of a paused or halted group's slot holders held back."""
+        return f"{self.prefix}held:{group}"
+
+    def group_conf(self, group: str) -> str:
+        """HASH of a group's own settings."""
+        return f"{self.prefix}gconf:{group}"
+
+    def rate(self, group: str) -> str:
+        """LIST of a rate-limited group's latest start times."""
+        return f"{self.prefix}rate:{group}"
 
     def inflight(self, consumer: str) -> str:
         """SET of task ids a consumer holds: its recovery key."""
         return f"{self.prefix}inflight:{consumer}"
 
     def consumer(self, name: str) -> str:
-        """STRING: the live process holding an explicit consumer name."""
+        """STRING: the live process holding a consumer name."""
         return f"{self.prefix}consumer:{name}"
 
     def last_claim(self, consumer: str) -> str:
@@ -76,12 +105,16 @@ class QueueKeys:
         return f"{self.prefix}lastclaim:{consumer}"
 
     def dedup(self, dedup_key: str) -> str:
-        """STRING: id of the task that used *dedup_key* within the window."""
+        """STRING: id of the task that holds *dedup_key*."""
         return f"{self.prefix}dedup:{dedup_key}"
 
     def done(self, task_id: str) -> str:
         """LIST of tokens pushed when a waited-for task ends."""
         return f"{self.prefix}done:{task_id}"
+
+    def schedule(self, name: str) -> str:
+        """STRING: the latest tick enqueued for a periodic schedule."""
+        return f"{self.prefix}sched:{name}"
 
     def pattern(self) -> str:
         """A SCAN pattern matching every key of this queue."""

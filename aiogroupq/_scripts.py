@@ -1,28 +1,34 @@
 """The Lua scripts, run with EVALSHA; the only place that reads their replies.
 
-Each ``_lua/<name>.lua`` is prefixed with ``_lua/_lib.lua`` and read once at
-import. Its first line is a ``#!lua`` shebang: scripts that add work (enqueue,
-claim) have no flags, so that under ``maxmemory`` Redis refuses them before
-they write anything; scripts that let work finish (finish, heartbeat, recover,
-cancel, dead, wait, identity) carry ``allow-oom``. The SHA is computed locally, so the hot path is a single EVALSHA; a
-``NOSCRIPT`` reply (``SCRIPT FLUSH``, a restart, a failover) costs one
-``SCRIPT LOAD`` and one retry, which is always safe because the script did not
-run.
+Each ``_lua/<name>.lua`` names the helpers it uses with ``--- @include "x"``
+lines, resolved here from ``_lua/lib/x.lua`` (each helper once, after the
+helpers it includes itself), and is read once at import. Its first line is a
+``#!lua`` shebang: enqueue has no flags, so that under ``maxmemory`` Redis
+refuses it before it writes anything; every other script carries
+``allow-oom``, so that work already queued keeps draining. The SHA is computed
+locally, so the hot path is a single EVALSHA; a ``NOSCRIPT`` reply
+(``SCRIPT FLUSH``, a restart, a failover) costs one ``SCRIPT LOAD`` and one
+retry, which is always safe because the script did not run.
+
+A script that meets a damaged key answers before writing anything; the
+error's text says which key, and :func:`_raise_for` turns it into
+:class:`~aiogroupq.CorruptQueueError`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib.resources import files
 from typing import TYPE_CHECKING, Any, Final
 
-from redis.exceptions import NoScriptError, OutOfMemoryError
+from redis.exceptions import NoScriptError, OutOfMemoryError, ResponseError
 
-from .errors import QueueFullError
+from .errors import CorruptQueueError, QueueFullError
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -31,15 +37,29 @@ if TYPE_CHECKING:
     from ._keys import QueueKeys
 
 
-def _read(name: str) -> bytes:
-    return files("aiogroupq").joinpath("_lua", name).read_bytes()
+def _read(path: str) -> str:
+    return files("aiogroupq").joinpath("_lua", path).read_text(encoding="utf-8")
 
 
-_LIB: Final = _read("_lib.lua")
+_INCLUDE: Final = re.compile(r'^--- @include "([a-z_]+)"$', re.MULTILINE)
+
+
+def _resolve(body: str, done: set[str]) -> str:
+    """*body* with each ``--- @include "x"`` replaced by ``lib/x.lua`` (itself
+    resolved first), or by nothing when an earlier include brought it in."""
+
+    def include(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name in done:
+            return ""
+        done.add(name)
+        return _resolve(_read(f"lib/{name}.lua"), done)
+
+    return _INCLUDE.sub(include, body)
 
 
 class Script:
-    """A ``_lua/<name>.lua`` file (after the shared library) run with EVALSHA."""
+    """A ``_lua/<name>.lua`` file with its includes, run with EVALSHA."""
 
     __slots__ = ("name", "sha", "source")
 
@@ -48,15 +68,9 @@ class Script:
         body = _read(f"{name}.lua")
         # The shebang (script flags such as allow-oom) must stay the first line.
         shebang, _, rest = (
-            body.partition(b"\n")
-            if body.startswith(b"#!")
-            else (
-                b"",
-                b"",
-                body,
-            )
+            body.partition("\n") if body.startswith("#!") else ("", "", body)
         )
-        self.source = shebang + b"\n" + _LIB + b"\n" + rest
+        self.source = (shebang + "\n" + _resolve(rest, set())).encode()
         self.sha = hashlib.sha1(self.source).hexdigest()
 
     async def __call__(
@@ -84,6 +98,20 @@ class Script:
                 return await client.evalsha(self.sha, len(all_keys), *all_keys, *argv)
         except OutOfMemoryError as exc:  # refused before it ran: nothing written
             raise QueueFullError(str(exc)) from exc
+        except ResponseError as exc:
+            _raise_for(exc)
+            raise
+
+
+_CORRUPT: Final = "aiogroupq corrupt "
+
+
+def _raise_for(exc: ResponseError) -> None:
+    """Raise the typed error a script's refusal stands for, if it is one."""
+    text = str(exc)
+    if text.startswith(_CORRUPT):
+        key, _, detail = text[len(_CORRUPT) :].partition(": ")
+        raise CorruptQueueError(key, detail) from exc
 
 
 ENQUEUE: Final = Script("enqueue")
@@ -95,6 +123,7 @@ CANCEL: Final = Script("cancel")
 DEAD: Final = Script("dead")
 WAIT: Final = Script("wait")
 IDENTITY: Final = Script("identity")
+CONTROL: Final = Script("control")
 
 ALL_SCRIPTS: Final = (
     ENQUEUE,
@@ -106,6 +135,7 @@ ALL_SCRIPTS: Final = (
     DEAD,
     WAIT,
     IDENTITY,
+    CONTROL,
 )
 
 
@@ -120,6 +150,30 @@ class NewTask:
     max_attempts: int
     dedup_key: str | None
     run_at_ms: int = 0  # due time in Unix ms (server clock); wins over delay_ms
+    unique: bool = False  # the dedup key holds until the task ends
+    priority: int | None = None  # None: the group's default, else 0
+    expires_ms: int = 0  # must start within this many ms (0: no expiry)
+    expire_at_ms: int = 0  # must start before this Unix ms (server clock)
+    schedule: str | None = None  # enqueued only if *tick* is the schedule's newest
+    tick_ms: int = 0
+
+
+class GroupFullRefusal(Exception):
+    """``enqueue.lua`` refused the batch: task *index* would take its group
+    over its cap (the producer turns this into GroupFullError)."""
+
+    def __init__(self, index: int, live: int, cap: int) -> None:
+        super().__init__(index, live, cap)
+        self.index, self.live, self.cap = index, live, cap
+
+
+class GroupCorruptRefusal(Exception):
+    """``enqueue.lua`` refused the batch: a key of task *index*'s group is
+    damaged (the producer turns this into CorruptQueueError)."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__(index)
+        self.index = index
 
 
 async def enqueue(
@@ -130,7 +184,12 @@ async def enqueue(
     dedup_window_ms: int,
 ) -> list[str]:
     """Add *tasks* in one atomic call; return each task's id (a deduplicated
-    task's is the id of the task that first used its key)."""
+    task's is the id of the task holding its key; "" for a schedule tick that
+    was enqueued already).
+
+    :raises GroupFullRefusal: nothing written, a group would exceed its cap
+    :raises GroupCorruptRefusal: nothing written, a group's key is damaged
+    """
     args: list[EncodableT] = [dedup_window_ms, len(tasks)]
     for t in tasks:
         args += (
@@ -138,11 +197,26 @@ async def enqueue(
             t.group or "",
             t.envelope,
             t.delay_ms,
+            t.run_at_ms,
             t.max_attempts,
             t.dedup_key or "",
-            t.run_at_ms,
+            "1" if t.unique else "",
+            "" if t.priority is None else t.priority,
+            t.expires_ms,
+            t.expire_at_ms,
+            t.schedule or "",
+            t.tick_ms,
         )
-    return [task_id.decode() for task_id in await ENQUEUE(client, keys, (), args)]
+    try:
+        reply = await ENQUEUE(client, keys, (), args)
+    except ResponseError as exc:
+        words = str(exc).split()
+        if words[:2] == ["aiogroupq", "group-full"]:
+            raise GroupFullRefusal(*map(int, words[2:5])) from exc
+        if words[:2] == ["aiogroupq", "group-corrupt"]:
+            raise GroupCorruptRefusal(int(words[2])) from exc
+        raise
+    return [bytes(task_id).decode("utf-8", "replace") for task_id in reply]
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +227,7 @@ class Claimed:
     envelope: bytes
     attempt: int
     token: int
+    due_ms: int = 0  # when it became runnable (server ms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +237,13 @@ class ClaimReply:
     tasks: list[Claimed]
     wait_ms: int  # until the next delayed task is due; -1 when there is none
     more: bool  # runnable entries are left in the ready list
+    now_ms: int = 0  # the server's clock when it ran
+    dead: tuple[str, ...] = ()  # tasks it dead-lettered (on_dead)
+    problems: tuple[str, ...] = ()  # damaged keys it met
+
+
+def _texts(items: Any) -> tuple[str, ...]:
+    return tuple(bytes(item).decode("utf-8", "replace") for item in items)
 
 
 async def claim(
@@ -172,6 +254,7 @@ async def claim(
     k: int,
     lease_ms: int,
     scan_limit: int,
+    retention_ms: int = 3_600_000,
     promote_limit: int = 1000,
     recover_limit: int = 100,
 ) -> ClaimReply:
@@ -183,13 +266,35 @@ async def claim(
         client,
         keys,
         (keys.inflight(consumer), keys.last_claim(consumer)),
-        (consumer, k, lease_ms, scan_limit, promote_limit, recover_limit, nonce),
+        (
+            consumer,
+            k,
+            lease_ms,
+            scan_limit,
+            promote_limit,
+            recover_limit,
+            nonce,
+            retention_ms,
+        ),
     )
     tasks = [
-        Claimed(reply[i].decode(), reply[i + 1], int(reply[i + 2]), int(reply[i + 3]))
-        for i in range(2, len(reply), 4)
+        Claimed(
+            bytes(reply[i]).decode("utf-8", "replace"),
+            reply[i + 1],
+            int(reply[i + 2]),
+            int(reply[i + 3]),
+            int(reply[i + 4]),
+        )
+        for i in range(5, len(reply), 5)
     ]
-    return ClaimReply(tasks, int(reply[0]), reply[1] == 1)
+    return ClaimReply(
+        tasks,
+        int(reply[0]),
+        reply[1] == 1,
+        int(reply[2]),
+        _texts(reply[3]),
+        _texts(reply[4]),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,13 +313,17 @@ DUPLICATE: Final = 2
 LEASE_LOST: Final = 0
 #: applied as "cancel": a cancellation was requested before this outcome
 APPLIED_AS_CANCEL: Final = 3
+#: applied to the task alone: a key of its group is damaged
+GROUP_DAMAGED: Final = 4
+#: refused: the task's hash is damaged
+TASK_DAMAGED: Final = 5
 
 
 async def finish(
     client: Redis, keys: QueueKeys, outcomes: Sequence[Outcome], *, retention_ms: int
 ) -> list[int]:
-    """Apply *outcomes*; return APPLIED, APPLIED_AS_CANCEL, DUPLICATE or
-    LEASE_LOST for each."""
+    """Apply *outcomes*; return APPLIED, APPLIED_AS_CANCEL, DUPLICATE,
+    LEASE_LOST, GROUP_DAMAGED or TASK_DAMAGED for each."""
     args: list[EncodableT] = [retention_ms, len(outcomes)]
     for o in outcomes:
         args += (o.id, o.token, o.kind, o.arg1, o.arg2)
@@ -227,11 +336,14 @@ async def recover(
     consumer: str,
     *,
     counted: bool,
+    retention_ms: int = 3_600_000,
     keep: Sequence[str] = (),
-) -> int:
-    """Give back *consumer*'s held tasks except *keep*; return how many."""
-    args: list[EncodableT] = [1 if counted else 0, consumer, *keep]
-    return int(await RECOVER(client, keys, (keys.inflight(consumer),), args))
+) -> tuple[int, tuple[str, ...]]:
+    """Give back *consumer*'s held tasks except *keep*; return how many, and
+    the ids of those dead-lettered (counted, past their last attempt)."""
+    args: list[EncodableT] = [1 if counted else 0, consumer, retention_ms, *keep]
+    reply = await RECOVER(client, keys, (keys.inflight(consumer),), args)
+    return int(reply[0]), _texts(reply[1])
 
 
 async def identity(
@@ -271,6 +383,28 @@ class DeadRow:
 async def dead_rows(client: Redis, keys: QueueKeys, limit: int) -> list[DeadRow]:
     """The oldest *limit* dead letters (two round trips: ids, then fields)."""
     entries: Any = await client.zrange(keys.dead, 0, limit - 1, withscores=True)
+    return await _dead_rows(client, keys, entries)
+
+
+async def dead_rows_by_id(
+    client: Redis, keys: QueueKeys, ids: Sequence[str]
+) -> list[DeadRow]:
+    """The dead letters among *ids* (others are left out)."""
+    async with client.pipeline(transaction=False) as pipe:
+        for task_id in ids:
+            pipe.zscore(keys.dead, task_id)
+        scores: list[Any] = await pipe.execute()
+    entries = [
+        (task_id.encode(), score)
+        for task_id, score in zip(ids, scores, strict=True)
+        if score is not None
+    ]
+    return await _dead_rows(client, keys, entries)
+
+
+async def _dead_rows(
+    client: Redis, keys: QueueKeys, entries: Sequence[tuple[bytes, float]]
+) -> list[DeadRow]:
     async with client.pipeline(transaction=False) as pipe:
         for task_id, _ in entries:
             pipe.hmget(keys.task(task_id.decode()), "e", "x", "tb", "a")
@@ -366,3 +500,8 @@ async def wait_done(
             if row and bytes(row[0]).decode() not in ("queued", "delayed", "running"):
                 await client.rpush(done, "1")  # for the other waiters
             # else a stale token (a dead letter requeued since): dropped
+
+
+async def control(client: Redis, keys: QueueKeys, op: str, *args: EncodableT) -> int:
+    """Run a ``control.lua`` operation; return how many tasks became runnable."""
+    return int(await CONTROL(client, keys, (), (op, *args)))

@@ -73,6 +73,37 @@ def max_attempts(value: object) -> int | None:
     return value
 
 
+#: priorities run from 0 (the default) to this
+MAX_PRIORITY: Final = 9
+
+
+def priority(value: object) -> int | None:
+    """None (the group's default, else 0), or an int from 0 to 9."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidTaskError(
+            "priority", f"expected an int, got {type(value).__name__}"
+        )
+    if not 0 <= value <= MAX_PRIORITY:
+        raise InvalidTaskError(
+            "priority", f"{value!r} must be from 0 to {MAX_PRIORITY} (higher first)"
+        )
+    return value
+
+
+def expires(value: object) -> tuple[int, int]:
+    """Seconds, a timedelta or an aware datetime within which a task must
+    start, as (relative ms, absolute Unix ms); (0, 0) for None."""
+    if value is None:
+        return 0, 0
+    if isinstance(value, datetime):
+        return 0, future_ms("expires", value)
+    relative = seconds("expires", value, allow_zero=False)
+    assert relative is not None
+    return to_ms(relative), 0
+
+
 def to_ms(value: float) -> int:
     """Seconds to whole milliseconds, rounded up so nothing runs early."""
     return math.ceil(value * 1000)
@@ -84,22 +115,27 @@ def run_at(value: object, delay: float | None) -> int:
     itself is compared with the Redis server's."""
     if value is None:
         return 0
+    if delay is not None and isinstance(value, datetime):
+        raise InvalidTaskError("run_at", "give either delay or run_at, not both")
+    return future_ms("run_at", value)
+
+
+def future_ms(field: str, value: object) -> int:
+    """An aware datetime not in the past (this machine's clock), as Unix ms."""
     if not isinstance(value, datetime):
         raise InvalidTaskError(
-            "run_at", f"expected a datetime, got {type(value).__name__}"
+            field, f"expected a datetime, got {type(value).__name__}"
         )
     if value.tzinfo is None or value.utcoffset() is None:
         raise InvalidTaskError(
-            "run_at",
+            field,
             f"{value!r} has no timezone: pass an aware datetime "
             "(e.g. datetime.now(timezone.utc) + timedelta(minutes=5))",
         )
-    if delay is not None:
-        raise InvalidTaskError("run_at", "give either delay or run_at, not both")
     now = datetime.now(value.tzinfo)
     if value < now:
         raise InvalidTaskError(
-            "run_at", f"{value.isoformat()} is in the past (now {now.isoformat()})"
+            field, f"{value.isoformat()} is in the past (now {now.isoformat()})"
         )
     return math.ceil(value.timestamp() * 1000)
 

@@ -9,7 +9,14 @@ import logging
 import os
 import secrets
 import socket
-from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Mapping
+from collections.abc import (
+    AsyncGenerator,
+    Awaitable,
+    Callable,
+    Generator,
+    Mapping,
+    Sequence,
+)
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -240,8 +247,13 @@ class Consumer(anyio.AsyncContextManagerMixin):
         # A claim cancelled after the server ran it left tasks we never saw in
         # our recovery key: give them back now, not at lease expiry.
         with contextlib.suppress(RedisError, OSError):
-            given_back = await _scripts.recover(
-                client, self._keys, self.name, counted=False, keep=list(self._running)
+            given_back, _ = await _scripts.recover(
+                client,
+                self._keys,
+                self.name,
+                counted=False,
+                retention_ms=self._retention_ms,
+                keep=list(self._running),
             )
             if given_back:
                 logger.info("gave back %d tasks claimed while stopping", given_back)
@@ -279,11 +291,12 @@ class Consumer(anyio.AsyncContextManagerMixin):
             while not self._stopping:
                 if reconcile is not None:
                     try:
-                        given_back = await _scripts.recover(
+                        given_back, dead = await _scripts.recover(
                             client,
                             self._keys,
                             self.name,
                             counted=reconcile,
+                            retention_ms=self._retention_ms,
                             keep=list(self._running),
                         )
                     except (RedisError, OSError) as exc:
@@ -293,6 +306,7 @@ class Consumer(anyio.AsyncContextManagerMixin):
                         await self._block(None, backoff)
                         backoff = min(backoff * 2, _BACKOFF_MAX)
                         continue
+                    self._dead_elsewhere(client, dead)
                     if given_back:
                         logger.warning(
                             "consumer %s gave back %d tasks it held but was not "
@@ -316,6 +330,7 @@ class Consumer(anyio.AsyncContextManagerMixin):
                         k=k,
                         lease_ms=lease_ms,
                         scan_limit=k + 64,
+                        retention_ms=self._retention_ms,
                     )
                 except (RedisError, OSError, QueueFullError) as exc:
                     # QueueFullError: Redis is out of memory and refused the
@@ -328,6 +343,13 @@ class Consumer(anyio.AsyncContextManagerMixin):
                     backoff = min(backoff * 2, _BACKOFF_MAX)
                     continue
                 backoff = _BACKOFF_FIRST
+                for problem in reply.problems:
+                    logger.error(
+                        "damaged key in queue %r: %s; run 'aiogroupq check --repair'",
+                        self.queue,
+                        problem,
+                    )
+                self._dead_elsewhere(client, reply.dead)
                 deadline = sent_at + self._local_lease()
                 for claimed in reply.tasks:
                     running = Running(claimed)
@@ -411,6 +433,23 @@ class Consumer(anyio.AsyncContextManagerMixin):
             self._dead_notices[outcome.id] = notice
         self._finisher.submit(outcome)
 
+    def _dead_elsewhere(self, client: Redis, ids: Sequence[str]) -> None:
+        """Call on_dead for tasks a script dead-lettered on its own (a lease
+        that expired on the last attempt, damaged keys)."""
+        if ids and self._on_dead is not None and self._side_tasks is not None:
+            self._side_tasks.start_soon(self._notify_dead, client, ids)
+
+    async def _notify_dead(self, client: Redis, ids: Sequence[str]) -> None:
+        from .producer import _dead_letter
+
+        try:
+            rows = await _scripts.dead_rows_by_id(client, self._keys, ids)
+        except (RedisError, OSError) as exc:
+            logger.warning("could not read dead letters %s for on_dead: %s", ids, exc)
+            return
+        for row in rows:
+            await self._call_on_dead(_dead_letter(row))
+
     async def _call_on_dead(self, notice: DeadLetter) -> None:
         assert self._on_dead is not None
         try:
@@ -439,9 +478,25 @@ class Consumer(anyio.AsyncContextManagerMixin):
                 extra={"task_id": outcome.id},
             )
             return
-        # The server turns a retry or hand-back into a cancel when one was
-        # requested; count what was applied.
-        kind = "cancel" if code == _scripts.APPLIED_AS_CANCEL else outcome.kind
+        kind = outcome.kind
+        if code in (_scripts.GROUP_DAMAGED, _scripts.TASK_DAMAGED):
+            logger.error(
+                "outcome %r of task %s: %s; run 'aiogroupq check --repair'",
+                outcome.kind,
+                outcome.id,
+                "a key of its group is damaged, so the task ended alone"
+                if code == _scripts.GROUP_DAMAGED
+                else "its hash is damaged, so nothing was recorded",
+                extra={"task_id": outcome.id},
+            )
+            if code == _scripts.TASK_DAMAGED:
+                return
+            if kind not in ("ok", "cancel"):
+                kind = "dead"  # dead-lettered as corrupt
+        elif code == _scripts.APPLIED_AS_CANCEL:
+            # The server turns a retry or hand-back into a cancel when one was
+            # requested; count what was applied.
+            kind = "cancel"
         key = {
             "ok": "succeeded",
             "retry": "retried",

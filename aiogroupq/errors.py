@@ -5,6 +5,7 @@ The hierarchy::
     AiogroupqError
     ├── ConfigurationError          a Producer/Consumer argument or client is unusable
     ├── InvalidTaskError            a task is refused before anything is written
+    │   ├── BatchTooLargeError      more tasks in one enqueue_many than allowed
     │   ├── InvalidGroupError       empty, too long or not a string
     │   ├── PayloadTooLargeError    encoded payload over the producer's limit
     │   ├── UnencodablePayloadError MessagePack cannot encode the payload
@@ -12,8 +13,11 @@ The hierarchy::
     ├── TaskNotFoundError           no task with that id (or it expired)
     ├── TaskFailedError             the awaited task was dead-lettered
     ├── TaskCancelledError          the awaited task was cancelled
+    ├── TaskExpiredError            the awaited task expired before it started
     ├── NoResultError               the awaited task's type stores no result
     ├── QueueFullError              Redis is out of memory and refused new work
+    │   └── GroupFullError          a group is at its max_size
+    ├── CorruptQueueError           a key of the queue holds something no script wrote
     └── RedisUnavailableError       Redis could not be reached within the budget
 
 :class:`Retry` is not an error: a handler raises it to ask for another attempt.
@@ -23,7 +27,10 @@ from __future__ import annotations
 
 __all__ = (
     "AiogroupqError",
+    "BatchTooLargeError",
     "ConfigurationError",
+    "CorruptQueueError",
+    "GroupFullError",
     "InvalidGroupError",
     "InvalidTaskError",
     "NoResultError",
@@ -32,6 +39,7 @@ __all__ = (
     "RedisUnavailableError",
     "Retry",
     "TaskCancelledError",
+    "TaskExpiredError",
     "TaskFailedError",
     "TaskNotFoundError",
     "UnencodablePayloadError",
@@ -66,6 +74,19 @@ class InvalidGroupError(InvalidTaskError):
     def __init__(self, group: object, reason: str) -> None:
         super().__init__("group", f"{group!r} {reason}")
         self.group = group
+
+
+class BatchTooLargeError(InvalidTaskError):
+    """``enqueue_many`` got more tasks than one atomic call may carry."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(
+            "tasks",
+            f"{size} tasks in one enqueue_many; at most {limit} are enqueued "
+            "atomically (one script call must stay short): split the batch",
+        )
+        self.size = size
+        self.limit = limit
 
 
 class PayloadTooLargeError(InvalidTaskError):
@@ -131,6 +152,14 @@ class TaskCancelledError(AiogroupqError):
         self.task_id = task_id
 
 
+class TaskExpiredError(AiogroupqError):
+    """The task whose result was awaited expired before it started."""
+
+    def __init__(self, task_id: str) -> None:
+        super().__init__(f"task {task_id!r} expired before it started")
+        self.task_id = task_id
+
+
 class NoResultError(AiogroupqError):
     """The task succeeded but its type stores no result."""
 
@@ -151,6 +180,41 @@ class QueueFullError(AiogroupqError):
             f"Redis refused new tasks: it is out of memory ({detail}); nothing "
             "was written. Retry later, or raise maxmemory"
         )
+
+
+class GroupFullError(QueueFullError):
+    """Enqueueing would take a group over its ``max_size``; nothing was written.
+
+    :ivar group: the full group
+    :ivar size: its live tasks (queued, delayed or running) before this call
+    :ivar cap: its ``max_size``
+    """
+
+    def __init__(self, group: str, size: int, cap: int) -> None:
+        AiogroupqError.__init__(
+            self,
+            f"group {group!r} holds {size} live tasks and its max_size is {cap}; "
+            "nothing was written. Retry when it has drained, or raise its cap "
+            "with set_group()",
+        )
+        self.group = group
+        self.size = size
+        self.cap = cap
+
+
+class CorruptQueueError(AiogroupqError):
+    """A key of the queue holds something no aiogroupq script wrote (a wrong
+    type, a value that is not a number); the script refused before writing.
+
+    :ivar key: the damaged key
+    """
+
+    def __init__(self, key: str, detail: str) -> None:
+        super().__init__(
+            f"key {key!r} of the queue is damaged ({detail}); nothing was "
+            "written. Run 'aiogroupq check --repair' on the queue"
+        )
+        self.key = key
 
 
 class RedisUnavailableError(AiogroupqError, ConnectionError):

@@ -24,11 +24,16 @@ from ._connection import (
 )
 from ._keys import QueueKeys
 from .errors import (
+    BatchTooLargeError,
     ConfigurationError,
+    CorruptQueueError,
+    GroupFullError,
     InvalidGroupError,
+    InvalidTaskError,
     NoResultError,
     PayloadTooLargeError,
     TaskCancelledError,
+    TaskExpiredError,
     TaskFailedError,
     TaskNotFoundError,
     UnencodablePayloadError,
@@ -44,6 +49,9 @@ DEFAULT_MAX_ATTEMPTS: Final = 3
 DEFAULT_DEDUP_WINDOW: Final = 300.0
 #: default retention of succeeded and cancelled tasks' states, in seconds
 DEFAULT_RETENTION: Final = 3600.0
+#: most tasks one ``enqueue_many`` call takes: one atomic script call stays
+#: around 10 ms of Redis time
+MAX_BATCH: Final = 1000
 
 
 class Producer(anyio.AsyncContextManagerMixin):
@@ -125,6 +133,9 @@ class Producer(anyio.AsyncContextManagerMixin):
         max_attempts: int | None = None,
         timeout: float | timedelta | None = None,
         run_at: datetime | None = None,
+        priority: int | None = None,
+        expires: float | timedelta | datetime | None = None,
+        unique: bool = False,
     ) -> str:
         """Enqueue one task and return its id.
 
@@ -142,10 +153,20 @@ class Producer(anyio.AsyncContextManagerMixin):
             counted as failed
         :param run_at: an aware datetime before which the task may not start
             (instead of *delay*); compared with the Redis server's clock
+        :param priority: 0 to 9; a runnable task of higher priority starts
+            before lower ones (``None``: the group's default priority, else 0).
+            Within a group, tasks still start in enqueue order
+        :param expires: seconds (or a timedelta, or an aware datetime) within
+            which the task must start; if it has not by then, it ends
+            :attr:`TaskState.EXPIRED` without running and its group moves on
+        :param unique: with *dedup_key*: the key blocks duplicates for as long
+            as this task has not ended, instead of for the dedup window
         :return: the task id (the first task's, when deduplicated)
         :raises InvalidTaskError: (or a subclass) for a bad argument; nothing
             is written to Redis
         :raises QueueFullError: if Redis is out of memory; nothing is written
+        :raises GroupFullError: if the group is at its ``max_size``; nothing
+            is written
         :raises RedisUnavailableError: if Redis stayed unreachable through
             about 5 seconds of retries (a re-sent enqueue never duplicates a
             task: ids are made here)
@@ -160,14 +181,12 @@ class Producer(anyio.AsyncContextManagerMixin):
                 max_attempts=max_attempts,
                 timeout=timeout,
                 run_at=run_at,
+                priority=priority,
+                expires=expires,
+                unique=unique,
             )
         )
-        ids = await _scripts.enqueue(
-            self._open_client(),
-            self._keys,
-            (new,),
-            dedup_window_ms=self._dedup_window_ms,
-        )
+        ids = await self._enqueue([new])
         return ids[0]
 
     @unavailable_as_error
@@ -176,13 +195,21 @@ class Producer(anyio.AsyncContextManagerMixin):
 
         Tasks of one group keep the order they have in *tasks*. Every task is
         checked before anything is sent: one bad task refuses the whole batch.
+        One call takes at most :data:`MAX_BATCH` (1,000) tasks, so that the
+        atomic script stays short; split larger batches.
 
         :raises InvalidTaskError: (or a subclass) for the first bad task;
             nothing is written to Redis
+        :raises BatchTooLargeError: for more than 1,000 tasks
+        :raises GroupFullError: if a group would exceed its ``max_size``;
+            nothing is written
         """
-        client = self._open_client()
+        self._open_client()
+        items = list(tasks)
+        if len(items) > MAX_BATCH:
+            raise BatchTooLargeError(len(items), MAX_BATCH)
         prepared = []
-        for task in tasks:
+        for task in items:
             if not isinstance(task, Task):
                 raise TypeError(
                     f"enqueue_many takes aiogroupq.Task items, got {task!r}"
@@ -190,9 +217,24 @@ class Producer(anyio.AsyncContextManagerMixin):
             prepared.append(self._prepare(task))
         if not prepared:
             return []
-        return await _scripts.enqueue(
-            client, self._keys, prepared, dedup_window_ms=self._dedup_window_ms
-        )
+        return await self._enqueue(prepared)
+
+    async def _enqueue(self, prepared: list[_scripts.NewTask]) -> list[str]:
+        try:
+            return await _scripts.enqueue(
+                self._open_client(),
+                self._keys,
+                prepared,
+                dedup_window_ms=self._dedup_window_ms,
+            )
+        except _scripts.GroupFullRefusal as refusal:
+            group = prepared[refusal.index].group or ""
+            raise GroupFullError(group, refusal.live, refusal.cap) from None
+        except _scripts.GroupCorruptRefusal as refusal:
+            group = prepared[refusal.index].group or ""
+            raise CorruptQueueError(
+                self._keys.group(group), "a key of this group is damaged"
+            ) from None
 
     def _prepare(self, task: Task) -> _scripts.NewTask:
         task_type = _validate.name("task_type", task.task_type)
@@ -209,6 +251,12 @@ class Producer(anyio.AsyncContextManagerMixin):
             if task.dedup_key is None
             else _validate.name("dedup_key", task.dedup_key)
         )
+        priority = _validate.priority(task.priority)
+        expires_ms, expire_at_ms = _validate.expires(task.expires)
+        if not isinstance(task.unique, bool):
+            raise InvalidTaskError("unique", f"expected a bool, got {task.unique!r}")
+        if task.unique and dedup_key is None:
+            raise InvalidTaskError("unique", "needs a dedup_key to be unique by")
         try:
             payload = encode_payload(task.payload)
         except (TypeError, msgspec.EncodeError, OverflowError) as exc:
@@ -233,6 +281,10 @@ class Producer(anyio.AsyncContextManagerMixin):
             max_attempts=attempts,
             dedup_key=dedup_key,
             run_at_ms=_validate.run_at(task.run_at, delay),
+            unique=task.unique,
+            priority=priority,
+            expires_ms=expires_ms,
+            expire_at_ms=expire_at_ms,
         )
 
     @unavailable_as_error
@@ -289,6 +341,7 @@ class Producer(anyio.AsyncContextManagerMixin):
         :raises TaskNotFoundError: for an unknown (or expired) id
         :raises TaskFailedError: if the task was dead-lettered
         :raises TaskCancelledError: if it was cancelled
+        :raises TaskExpiredError: if it expired before it started
         :raises NoResultError: if it succeeded but stored no result
         """
         limit = _validate.seconds("timeout", timeout, allow_zero=True)
@@ -313,6 +366,8 @@ class Producer(anyio.AsyncContextManagerMixin):
             raise TaskFailedError(task_id, reason)
         if state == TaskState.CANCELLED:
             raise TaskCancelledError(task_id)
+        if state == TaskState.EXPIRED:
+            raise TaskExpiredError(task_id)
         raise TimeoutError(f"task {task_id!r} is still {state} after {limit}s")
 
     @unavailable_as_error

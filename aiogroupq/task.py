@@ -17,11 +17,12 @@ import msgspec
 
 
 class TaskState(enum.StrEnum):
-    """Where a task is in its life. The last three are terminal."""
+    """Where a task is in its life. The last four are terminal."""
 
     #: waiting to run: in the ready list or behind a busy group
     QUEUED = "queued"
-    #: waiting for its due time (a delayed task, or a retry's backoff)
+    #: waiting for its due time (a delayed task, a retry's backoff, or its
+    #: group's rate limit)
     DELAYED = "delayed"
     #: claimed by a consumer whose handler is running it
     RUNNING = "running"
@@ -31,6 +32,8 @@ class TaskState(enum.StrEnum):
     DEAD = "dead"
     #: cancelled before it completed
     CANCELLED = "cancelled"
+    #: not started before its ``expires`` time: it never ran
+    EXPIRED = "expired"
 
     def __str__(self) -> str:
         return self.value
@@ -51,6 +54,12 @@ class Task:
     :param timeout: seconds a single attempt may run
     :param run_at: an aware datetime before which the task may not start
         (instead of *delay*)
+    :param priority: 0 (the default) to 9: a runnable task of a higher
+        priority starts before lower ones; within a group order stays FIFO
+    :param expires: seconds (or a timedelta, or an aware datetime) within
+        which the task must start, else it ends ``expired`` without running
+    :param unique: with *dedup_key*: the key blocks duplicates until this
+        task ends, instead of for the producer's dedup window
     """
 
     task_type: str
@@ -61,6 +70,9 @@ class Task:
     max_attempts: int | None = None
     timeout: float | timedelta | None = None
     run_at: datetime | None = None
+    priority: int | None = None
+    expires: float | timedelta | datetime | None = None
+    unique: bool = False
 
     def __init__(  # positional task_type and payload, like enqueue()
         self,
@@ -73,6 +85,9 @@ class Task:
         max_attempts: int | None = None,
         timeout: float | timedelta | None = None,
         run_at: datetime | None = None,
+        priority: int | None = None,
+        expires: float | timedelta | datetime | None = None,
+        unique: bool = False,
     ) -> None:
         object.__setattr__(self, "task_type", task_type)
         object.__setattr__(self, "payload", payload)
@@ -82,6 +97,9 @@ class Task:
         object.__setattr__(self, "max_attempts", max_attempts)
         object.__setattr__(self, "timeout", timeout)
         object.__setattr__(self, "run_at", run_at)
+        object.__setattr__(self, "priority", priority)
+        object.__setattr__(self, "expires", expires)
+        object.__setattr__(self, "unique", unique)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,20 +1,31 @@
 #!lua flags=allow-oom
 --[[ cancel.lua: cancel a task wherever it waits, or ask its consumer to.
-  KEYS[1..6]  the common keys (see _lib.lua)
+  KEYS[1..6]  the common keys (see lib/base.lua)
   ARGV[1]     key prefix
   ARGV[2]     retention of the cancelled state in ms
   ARGV[3]     task id
-  returns  0 no such task, 1 cancelled (it was queued, parked or delayed, or
-           already cancelled: a re-sent call), 2 running: cancellation
-           requested (its consumer sees it at the next heartbeat and cancels
-           the handler), 3 already finished otherwise (left alone)
+  returns  0 no such task, 1 cancelled (it was queued, in its group's line,
+           delayed or held back, or already cancelled: a re-sent call), 2
+           running: cancellation requested (its consumer sees it at the next
+           heartbeat and cancels the handler), 3 already ended otherwise
+           (left alone)
+  errors   "aiogroupq corrupt <key>: ..." if a key the cancel needs is
+           damaged (nothing written)
 ]]
+--- @include "base"
+--- @include "ready"
+--- @include "groups"
+--- @include "ends"
+
 local retention, id = tonumber(ARGV[2]), ARGV[3]
 if not retention then
   return redis.error_reply('ERR aiogroupq cancel: malformed arguments')
 end
+local bad = check_fixed({ K_DELAYED, 'zset', GROUP_KEYS[1], GROUP_KEYS[2], GROUP_KEYS[3], GROUP_KEYS[4] })
+if bad then return bad end
 local key = k_task(id)
-local f = redis.call('HMGET', key, 's', 'g')
+local f = redis.pcall('HMGET', key, 's', 'g')
+if is_err(f) then return corrupt(key, f.err) end
 local state, g = f[1], f[2]
 if not state then return 0 end
 if state == 'running' then
@@ -24,16 +35,41 @@ end
 if state == 'cancelled' then return 1 end
 if state ~= 'queued' and state ~= 'delayed' then return 3 end
 
--- Only the group's head can hold its lock ("@" .. id): cancelling the head
--- passes the group on; any other waiting task just leaves its line.
-local head = g and redis.call('GET', k_lock(g)) == '@' .. id
-if state == 'delayed' then
-  redis.call('ZREM', K_DELAYED, id)
-elseif g and not head then
-  redis.call('LREM', k_park(g), 1, id)
-else
-  redis.call('LREM', K_READY, 1, id)
+local G, m = nil, false
+if g then
+  G = group(g)
+  if not G then return corrupt(k_group(g), 'damaged state or settings') end
+  m = mark(G, id)
 end
-if head and release(g) then wake(1) end
-conclude(id, 'cancelled', now_ms(), retention)
+local now = now_ms()
+local readied = 0
+if m then -- it holds a slot: leave the place it holds it in, pass the slot on
+  if m == '~' then
+    if is_err(redis.pcall('LREM', k_held(g), 1, id)) then return corrupt(k_held(g), 'not a list') end
+    bump('held', -1)
+  elseif m == 'r' then
+    redis.call('ZREM', K_DELAYED, id)
+  else
+    ready_remove(id)
+  end
+  conclude(id, 'cancelled', now, retention)
+  readied = release(G, id)
+elseif state == 'delayed' then
+  redis.call('ZREM', K_DELAYED, id)
+  if G then G.d, G.dirty = G.d - 1, true end
+  conclude(id, 'cancelled', now, retention)
+elseif G then -- in its group's line
+  local removed = redis.pcall('LREM', k_park(g), 1, id)
+  if is_err(removed) then return corrupt(k_park(g), removed.err) end
+  if removed == 1 then
+    G.w, G.dirty = G.w - 1, true
+    bump('parked', -1)
+  end
+  conclude(id, 'cancelled', now, retention)
+else
+  ready_remove(id)
+  conclude(id, 'cancelled', now, retention)
+end
+flush()
+if readied > 0 then wake(readied) end
 return 1

@@ -1,7 +1,7 @@
-#!lua
+#!lua flags=allow-oom
 --[[ claim.lua: recover expired leases, promote due tasks, then claim up to k
-  runnable tasks of distinct groups for one consumer.
-  KEYS[1..6]  the common keys (see _lib.lua)
+  runnable tasks for one consumer.
+  KEYS[1..6]  the common keys (see lib/base.lua)
   KEYS[7]     {aiogroupq:<q>}:inflight:<consumer>   SET, the consumer's recovery key
   KEYS[8]     {aiogroupq:<q>}:lastclaim:<consumer>  STRING "<nonce>:<id>,<id>..."
   ARGV[1]     key prefix
@@ -14,125 +14,248 @@
   ARGV[8]     a nonce unique to this call: a re-sent call (a client retrying
               after a lost reply) is answered with the tasks the first one
               claimed, instead of claiming more
-  returns  {wait_ms, more, id1, envelope1, attempt1, token1, id2, ...}
-           wait_ms: ms until the next delayed task is due, -1 if none
-           more: 1 if runnable entries are left in the ready list
-  Effects: (a) each expired lease's task goes back to the front of the ready
-           list as its group's head (or, past its last attempt, is
-           dead-lettered and its group passed on); (b) due delayed tasks join
-           their group's order, a retrying head at the front; (c) each claimed
-           task gets a fresh fencing token (in its hash and its group's lock),
-           a lease, and an entry in the consumer's recovery key.
+  ARGV[9]     retention of expired and cancelled tasks in ms
+  returns  {wait_ms, more, now_ms, {dead ids}, {problems},
+            id1, envelope1, attempt1, token1, due1, id2, ...}
+           wait_ms: ms until the next delayed task (or rate-limited
+           group) is due, -1 if none
+           more: 1 if runnable entries are left
+           dead ids: tasks this call dead-lettered (lease expired on the
+           last attempt, damaged keys), for the consumer's on_dead
+           problems: damaged keys met (ready entries dropped), to log
+           due: when the task became runnable (server ms)
+  Effects: (a) each expired lease's task goes back to the front as its
+           group's continuation (or, past its last attempt, is
+           dead-lettered and its slot passed on); (b) due delayed tasks join
+           their group, a retry or rate-limited head at the front; (c) each
+           entry popped from the ready list is claimed: a fresh fencing
+           token (in its hash and its group's slot), a lease, and an entry
+           in the consumer's recovery key; unless its group is paused or
+           halted, or its group's rate is used up (held aside, the rate with
+           a "~<group>" member of the delayed ZSET due when it frees), or it
+           expired (ended "expired").
+  Flags: allow-oom, so that a full Redis still drains: a claim adds about
+  150 bytes per task, which the task's finish frees.
 ]]
+--- @include "base"
+--- @include "ready"
+--- @include "groups"
+--- @include "ends"
+
 local consumer, k = ARGV[2], tonumber(ARGV[3])
 local lease_ms, scan_limit = tonumber(ARGV[4]), tonumber(ARGV[5])
 local promote_limit, recover_limit = tonumber(ARGV[6]), tonumber(ARGV[7])
-if not (k and lease_ms and scan_limit and promote_limit and recover_limit)
-    or lease_ms <= 0 or ARGV[8] == '' then
+local nonce, retention = ARGV[8], tonumber(ARGV[9])
+if not (k and lease_ms and scan_limit and promote_limit and recover_limit and retention)
+    or lease_ms <= 0 or nonce == '' then
   return redis.error_reply('ERR aiogroupq claim: malformed arguments')
 end
+local inflight, last_key = KEYS[7], KEYS[8]
+local bad = check_fixed({ K_DELAYED, 'zset', K_LEASES, 'zset', K_DEAD, 'zset',
+  GROUP_KEYS[1], GROUP_KEYS[2], GROUP_KEYS[3], GROUP_KEYS[4], inflight, 'set',
+  last_key, 'string' })
+if bad then return bad end
+local fence = redis.call('GET', K_FENCE)
+if fence and not tonumber(fence) then
+  return corrupt(K_FENCE, 'not an integer counter')
+end
 local now = now_ms()
-local nonce, last_key = ARGV[8], KEYS[8]
+local out = { -1, 0, now, {}, {} }
+local dead_ids, problems = out[4], out[5]
 
 -- The reply's tail: is more runnable, and when is the next delayed task due.
-local function reply(out)
-  if redis.call('LLEN', K_READY) > 0 then
+local function reply()
+  if not conf().paused and ready_len() > 0 then
     out[2] = 1
-    -- Others may be idle while we are full: keep one of them awake.
-    wake(1)
+    wake(1) -- others may be idle while we are full: keep one of them awake
   end
   local first = redis.call('ZRANGE', K_DELAYED, 0, 0, 'WITHSCORES')
   if first[2] then
     local wait = tonumber(first[2]) - now
     out[1] = wait > 0 and wait or 0
   end
+  flush()
   return out
 end
 
 local last = redis.call('GET', last_key)
 if last and string.sub(last, 1, #nonce + 1) == nonce .. ':' then
-  local out = {-1, 0}
   for id in string.gmatch(string.sub(last, #nonce + 2), '[^,]+') do
-    local f = redis.call('HMGET', k_task(id), 'e', 'a', 'k', 's', 'c')
-    if f[4] == 'running' and f[5] == consumer then
-      out[#out + 1] = id
-      out[#out + 1] = f[1]
-      out[#out + 1] = tonumber(f[2])
-      out[#out + 1] = tonumber(f[3])
+    local f = redis.pcall('HMGET', k_task(id), 'e', 'a', 'k', 's', 'c', 'dt')
+    if not is_err(f) and f[4] == 'running' and f[5] == consumer then
+      for _, v in ipairs({ id, f[1], tonumber(f[2]), tonumber(f[3]), tonumber(f[6]) or now }) do
+        out[#out + 1] = v
+      end
     end
   end
-  return reply(out)
+  return reply()
 end
+
+local readied = 0
 
 -- (a) Recovery comes before any claim, so an interrupted task is at the front
 -- of its group again before a later task of its group could be looked at.
-local expired = redis.call('ZRANGEBYSCORE', K_LEASES, '-inf', now, 'LIMIT', 0, recover_limit)
-for _, id in ipairs(expired) do
-  recover(id, now, 'lease expired', true)
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', K_LEASES, '-inf', now, 'LIMIT', 0, recover_limit)) do
+  local became, problem = recover(id, now, 'lease expired', true, retention)
+  if became == 'dead' then dead_ids[#dead_ids + 1] = id end
+  if problem then problems[#problems + 1] = problem end
+end
+
+local function bury_damaged(id, G, holder, what)
+  readied = readied + bury(id, G, holder, now, damaged(what), '')
+  dead_ids[#dead_ids + 1] = id
+end
+
+-- A task hash that exists but lacks what a live task needs (terminal tasks
+-- drop their envelope, so only live states are held to it).
+local LIVE = { queued = true, delayed = true, running = true }
+local TERMINAL = { succeeded = true, dead = true, cancelled = true, expired = true }
+local function incomplete(f, e, s, m, a)
+  local state = f[s]
+  if TERMINAL[state] then return false end
+  if not LIVE[state] then return true end
+  return not f[e] or not tonumber(f[m]) or (f[a] and not tonumber(f[a])) or false
 end
 
 -- (b) Promote due tasks in due order.
-local due = redis.call('ZRANGEBYSCORE', K_DELAYED, '-inf', now, 'LIMIT', 0, promote_limit)
-for _, id in ipairs(due) do
+local function promote(id)
   redis.call('ZREM', K_DELAYED, id)
+  if string.sub(id, 1, 1) == RATE_WAKE then -- a rate-limited group may start again
+    bump('ratewait', -1)
+    local G = group(string.sub(id, 2))
+    if G then readied = readied + unshelve(G) end
+    return
+  end
   local key = k_task(id)
-  local f = redis.call('HMGET', key, 'g', 's')
-  if f[2] then
-    local g = f[1]
-    if g and redis.call('GET', k_lock(g)) == '@' .. id then
-      redis.call('LPUSH', K_READY, id) -- a retry: its group waited for it
+  local f = redis.pcall('HMGET', key, 'g', 's', 'a', 'xp', 'p', 'e', 'm')
+  if is_err(f) then
+    problems[#problems + 1] = key .. ' is not a task hash (' .. f.err .. '): delayed entry dropped'
+    return
+  end
+  if not (f[1] or f[2] or f[6]) then return end -- no such task: a stale entry
+  if f[2] ~= 'delayed' and not incomplete(f, 6, 2, 7, 3) then return end -- stale
+  local g, G, m = f[1], nil, false
+  if g then
+    G = group(g)
+    if not G then return bury_damaged(id, nil, false, 'a key of group ' .. g .. ' is damaged') end
+    m = mark(G, id)
+  end
+  if incomplete(f, 6, 2, 7, 3) then
+    if G and not m then G.d, G.dirty = G.d - 1, true end
+    return bury_damaged(id, G, m, 'the task hash lacks fields it needs')
+  end
+  local xp = tonumber(f[4])
+  local expired = xp and now >= xp and (tonumber(f[3]) or 0) == 0
+  local level = tonumber(f[5]) or 0
+  if m then -- a retry: its group waited for it
+    if expired then
+      readied = readied + expire(id, G, true, now, retention)
     else
-      route(id, g)
+      set_mark(G, id, '@')
+      ready_push(id, true, group_level(G, level))
+      redis.call('HSET', key, 's', 'queued')
+      readied = readied + 1
     end
-    redis.call('HSET', key, 's', 'queued')
+    return
   end
+  if G then G.d, G.dirty = G.d - 1, true end
+  if expired then
+    expire(id, nil, false, now, retention)
+    return
+  end
+  local where = route(id, G, level)
+  if not where then return bury_damaged(id, G, false, 'the line of group ' .. g .. ' is damaged') end
+  redis.call('HSET', key, 's', 'queued', 'dt', now)
+  if where == 'ready' then readied = readied + 1 end
+end
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', K_DELAYED, '-inf', now, 'LIMIT', 0, promote_limit)) do
+  promote(id)
 end
 
--- (c) Claim from the head of the ready list.
-local out = {-1, 0}
-local ids = {}
-local claimed, scanned = 0, 0
-local first_token -- fencing tokens: one INCRBY per call, not one INCR per task
-local inflight = KEYS[7]
-while claimed < k and scanned < scan_limit do
-  local id = redis.call('LPOP', K_READY)
-  if not id then break end
-  scanned = scanned + 1
+-- (c) Claim from the front of the ready list.
+local ids, claimed, first_token = {}, 0, nil
+
+local function take(id)
   local key = k_task(id)
-  local f = redis.call('HMGET', key, 'e', 'g', 's', 'a')
-  if f[1] and f[3] == 'queued' then -- else a stale entry: drop it
-    local g, ok = f[2], true
-    if g then
-      local lock = k_lock(g)
-      local cur = redis.call('GET', lock)
-      -- Only the group's marked head may run. The other two branches repair
-      -- states the scripts never create (kept so a damaged queue still runs
-      -- its groups in order): an unmarked entry of an idle group runs, one of
-      -- a busy group waits at the tail of its parked list.
-      if cur ~= '@' .. id and (cur or redis.call('LLEN', k_park(g)) > 0) then
-        redis.call('RPUSH', k_park(g), id)
-        ok = false
-        -- A free group with a parked line has no head: give it one.
-        if not cur then release(g) end
+  local f = redis.pcall('HMGET', key, 'e', 'g', 's', 'a', 'm', 'xp', 'dt')
+  if is_err(f) then
+    problems[#problems + 1] = key .. ' is not a task hash (' .. f.err .. '): ready entry dropped'
+    return
+  end
+  if not (f[1] or f[2] or f[3]) then return end -- no such task: a stale entry
+  local broken = incomplete(f, 1, 3, 5, 4)
+  if f[3] ~= 'queued' and not broken then return end -- stale: it is elsewhere or ended
+  local g, G, m = f[2], nil, false
+  if g then
+    G = group(g)
+    if not G then return bury_damaged(id, nil, false, 'a key of group ' .. g .. ' is damaged') end
+    m = mark(G, id)
+  end
+  if broken then return bury_damaged(id, G, m, 'the task hash lacks fields it needs') end
+  if G then
+    if not m then -- an entry the scripts did not mark: only a damaged queue has one
+      if not has_room(G) then
+        if is_err(redis.pcall('RPUSH', k_park(g), id)) then
+          return bury_damaged(id, G, false, 'the line of group ' .. g .. ' is damaged')
+        end
+        G.w, G.dirty = G.w + 1, true
+        bump('parked', 1)
+        return
       end
+      take_slot(G, id, '@')
     end
-    if ok then
-      first_token = first_token or redis.call('INCRBY', K_FENCE, k) - k + 1
-      local token = first_token + claimed
-      if g then redis.call('SET', k_lock(g), token) end
-      local attempt = tonumber(f[4] or 0) + 1
-      redis.call('HSET', key, 's', 'running', 'k', token, 'c', consumer, 'a', attempt)
-      redis.call('ZADD', K_LEASES, now + lease_ms, id)
-      redis.call('SADD', inflight, id)
-      claimed = claimed + 1
-      ids[claimed] = id
-      out[#out + 1] = id
-      out[#out + 1] = f[1]
-      out[#out + 1] = attempt
-      out[#out + 1] = token
+    if G.halted or G.paused then
+      if not shelve(G, id) then
+        bury_damaged(id, G, true, 'the held list of group ' .. g .. ' is damaged')
+      end
+      return
     end
+  end
+  local attempt = tonumber(f[4] or 0)
+  local xp = tonumber(f[6])
+  if xp and attempt == 0 and now >= xp then
+    readied = readied + expire(id, G, G ~= nil, now, retention)
+    return
+  end
+  if G and G.rn then
+    local free_at = rate_wait(G, now)
+    if not free_at then
+      return bury_damaged(id, G, true, 'the rate key of group ' .. g .. ' is damaged')
+    end
+    if free_at > 0 then -- waits aside, keeping its slot, until the rate frees
+      if not rate_hold(G, id, free_at) then
+        bury_damaged(id, G, true, 'the held list of group ' .. g .. ' is damaged')
+      end
+      return
+    end
+  end
+  first_token = first_token or redis.call('INCRBY', K_FENCE, k) - k + 1
+  local token = first_token + claimed
+  if G then
+    set_mark(G, id, token)
+    if G.rn then rate_record(G, now) end
+  end
+  redis.call('HSET', key, 's', 'running', 'k', token, 'c', consumer, 'a', attempt + 1)
+  if xp then redis.call('HDEL', key, 'xp') end
+  redis.call('ZADD', K_LEASES, now + lease_ms, id)
+  redis.call('SADD', inflight, id)
+  claimed = claimed + 1
+  ids[claimed] = id
+  for _, v in ipairs({ id, f[1], attempt + 1, token, tonumber(f[7]) or now }) do
+    out[#out + 1] = v
   end
 end
 
+if not conf().paused then
+  local scanned = 0
+  while claimed < k and scanned < scan_limit do
+    local id = pop_ready()
+    if not id then break end
+    scanned = scanned + 1
+    take(id)
+  end
+end
+bump('started', claimed)
 redis.call('SET', last_key, nonce .. ':' .. table.concat(ids, ','), 'PX', lease_ms)
-return reply(out)
+if readied > 0 then wake(readied) end
+return reply()

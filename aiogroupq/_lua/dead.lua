@@ -1,58 +1,102 @@
 #!lua flags=allow-oom
 --[[ dead.lua: operator actions on dead letters and halted groups.
-  KEYS[1..6]  the common keys (see _lib.lua)
+  KEYS[1..6]  the common keys (see lib/base.lua)
   ARGV[1]     key prefix
   ARGV[2]     "requeue": each dead task id in ARGV[3..] runs again with a
-                         fresh set of attempts, at the front of its group
-                         (first in line behind a running task, if any)
+                         fresh set of attempts, first in its group's line
+                         (at once if a slot is free)
               "purge":   each dead task id in ARGV[3..] is deleted; a group
-                         halted by it passes on to its next task
-              "release": each group in ARGV[3..] halted by a dead task passes
-                         on to its next task (the dead task stays dead)
+                         halted by it goes on with its next task
+              "release": each group in ARGV[3..] halted by a dead task goes
+                         on with its next task (the dead task stays dead)
+              Callers send at most a few hundred targets per call, so that
+              one call stays short.
   returns  how many of ARGV[3..] were acted on (others were not dead, or not
-           halted, and were left alone)
+           halted, or had damaged keys, and were left alone)
 ]]
+--- @include "base"
+--- @include "ready"
+--- @include "groups"
+
 local op, n, readied = ARGV[2], 0, 0
 if op ~= 'requeue' and op ~= 'purge' and op ~= 'release' then
   return redis.error_reply('ERR aiogroupq dead: unknown operation ' .. tostring(op))
 end
+local bad = check_fixed({ K_DEAD, 'zset', K_HALTED, 'set',
+  GROUP_KEYS[1], GROUP_KEYS[2], GROUP_KEYS[3], GROUP_KEYS[4] })
+if bad then return bad end
+
+local function requeue(id, key, g, u)
+  local G = nil
+  if g then
+    G = group(g)
+    if not G then return false end
+    if G.halted ~= id and not has_room(G)
+        and is_err(redis.pcall('LLEN', k_park(g))) then return false end
+  end
+  redis.call('ZREM', K_DEAD, id)
+  redis.call('HDEL', key, 'x', 'tb', 'ft', 'f', 'k', 'cx', 'w')
+  redis.call('DEL', k_done(id)) -- its end is in the future again
+  redis.call('HSET', key, 'a', 0, 's', 'queued', 'dt', now_ms())
+  if u then redis.call('SET', k_dedup(u), id, 'NX') end
+  if not G then
+    ready_push(id, true)
+  elseif G.halted == id then -- it halted its group: the group resumes with it
+    take_slot(G, id, '@')
+    ready_push(id, true, group_level(G, nil))
+    G.halted = nil
+    redis.call('HDEL', G.key, '!')
+    redis.call('SREM', K_HALTED, g)
+    readied = readied + unshelve(G)
+  elseif has_room(G) then
+    take_slot(G, id, '@')
+    ready_push(id, true, group_level(G, nil))
+  else -- first in its group's line
+    redis.call('LPUSH', k_park(g), id)
+    G.w, G.dirty = G.w + 1, true
+    bump('parked', 1)
+    return true
+  end
+  readied = readied + 1
+  return true
+end
+
+local function purge(id, key, g)
+  redis.call('ZREM', K_DEAD, id)
+  redis.call('DEL', key)
+  if g then
+    local G = group(g)
+    if G and G.halted == id then readied = readied + unhalt(G) end
+  end
+end
+
 for i = 3, #ARGV do
   if op == 'release' then
-    local g = ARGV[i]
-    local lock = redis.call('GET', k_lock(g))
-    if lock and string.sub(lock, 1, 1) == '!' then
+    local G = group(ARGV[i])
+    if G and G.halted then
       n = n + 1
-      if release(g) then readied = readied + 1 end
+      readied = readied + unhalt(G)
     end
   else
     local id = ARGV[i]
     local key = k_task(id)
-    local f = redis.call('HMGET', key, 's', 'g')
-    local g = f[2]
-    -- An index entry of a task that is not dead is stale: drop it, so that
-    -- purging everything always ends.
-    if f[1] ~= 'dead' and op == 'purge' then redis.call('ZREM', K_DEAD, id) end
-    if f[1] == 'dead' then
-      n = n + 1
-      redis.call('ZREM', K_DEAD, id)
-      local lock = g and redis.call('GET', k_lock(g))
-      local halted_by_it = lock == '!' .. id
+    local f = redis.pcall('HMGET', key, 's', 'g', 'u')
+    if is_err(f) then
+      if op == 'purge' then redis.call('ZREM', K_DEAD, id) end
+    elseif f[1] == 'dead' then
       if op == 'purge' then
-        redis.call('DEL', key)
-        if halted_by_it and release(g) then readied = readied + 1 end
-      else
-        redis.call('HDEL', key, 'x', 'tb', 'ft', 'f', 'k', 'cx', 'w')
-        redis.call('DEL', k_done(id)) -- its end is in the future again
-        redis.call('HSET', key, 'a', 0, 's', 'queued')
-        if not g or halted_by_it or not lock then
-          requeue_front(id, g)
-          readied = readied + 1
-        else
-          redis.call('LPUSH', k_park(g), id)
-        end
+        purge(id, key, f[2] or nil)
+        n = n + 1
+      elseif requeue(id, key, f[2] or nil, f[3] or nil) then
+        n = n + 1
       end
+    elseif op == 'purge' then
+      -- An index entry of a task that is not dead is stale: drop it, so that
+      -- purging everything always ends.
+      redis.call('ZREM', K_DEAD, id)
     end
   end
 end
+flush()
 if readied > 0 then wake(readied) end
 return n

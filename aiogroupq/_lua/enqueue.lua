@@ -1,86 +1,165 @@
 #!lua
 --[[ enqueue.lua: add a batch of tasks atomically.
-  KEYS[1..6]  the common keys (see _lib.lua)
+  KEYS[1..6]  the common keys (see lib/base.lua)
   ARGV[1]     key prefix
   ARGV[2]     deduplication window in ms
-  ARGV[3]     n, the number of tasks; then 7 arguments per task:
+  ARGV[3]     n, the number of tasks; then 13 arguments per task:
     id            client-made task id
     group         group key, or "" for none
     envelope      MessagePack envelope (opaque here)
-    delay_ms      0 for none, else milliseconds from now (server clock)
-    max_attempts  integer >= 1
-    dedup_key     "" for none
+    delay_ms      0 for none, else ms from now (server clock)
     run_at_ms     0 for none, else the due time in Unix ms (server clock);
                   wins over delay_ms
-  returns  one id per task: its own, or, when its dedup key was used by a task
-           enqueued within the window (also earlier in this batch), that
-           task's id and nothing is written. A task whose id already exists is
-           left as it is, so a re-sent enqueue (lost reply, client retry) is a
-           no-op that returns the same ids.
-  Effects: each task becomes a hash t:<id>; an undelayed task joins its group's
-           order (see route()); a delayed one waits in the delayed ZSET.
+    max_attempts  integer >= 1
+    dedup_key     "" for none
+    unique        "1": the dedup key holds until the task ends, not for the
+                  window
+    priority      "" for the group's default (else 0), or 0..9
+    expires_ms    0 for none, else ms from now before which it must start
+    expire_at_ms  0 for none, else the Unix ms before which it must start
+    schedule      "" for none, else a schedule name: the task is enqueued
+                  only if its tick is later than the schedule's last one
+    tick          the schedule tick (Unix ms), or 0
+  returns  one id per task: its own; or, when its dedup key is held by
+           another task (within the window, or until it ends with unique),
+           that task's id, and nothing is written; "" for a schedule tick
+           already enqueued. A task whose id exists is left as it is, so a
+           re-sent enqueue (lost reply, client retry) returns the same ids.
+  errors   (nothing written) "aiogroupq group-full <i> <live> <cap>": task i
+           would take its group over its max_size; "aiogroupq group-corrupt
+           <i>" / "aiogroupq corrupt <key>: ...": a key the batch needs is
+           damaged.
+  Effects: each new task becomes a hash t:<id>; an undelayed one joins its
+           group (a free slot and the ready tail, or the group's line); a
+           delayed one waits in the delayed ZSET.
 ]]
+--- @include "base"
+--- @include "ready"
+--- @include "groups"
+
+local PER = 13
 local window, n = tonumber(ARGV[2]), tonumber(ARGV[3])
-if not window or window <= 0 or not n or #ARGV ~= 3 + 7 * n then
+if not window or window <= 0 or not n or #ARGV ~= 3 + PER * n then
   return redis.error_reply('ERR aiogroupq enqueue: malformed arguments')
 end
--- Validate everything before the first write: scripts do not roll back.
+local any_prio, any_unique = false, false -- any_prio: of the new tasks
 for i = 0, n - 1 do
-  local b = 4 + 7 * i
-  if not tonumber(ARGV[b + 3]) or not tonumber(ARGV[b + 4]) or not tonumber(ARGV[b + 6]) then
+  local b = 4 + PER * i
+  local delay, run_at, attempts = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
+  local prio, tick = ARGV[b + 8], tonumber(ARGV[b + 12])
+  if not (delay and run_at and attempts and tonumber(ARGV[b + 9]) and tonumber(ARGV[b + 10]) and tick)
+      or (prio ~= '' and not tonumber(prio)) then
     return redis.error_reply('ERR aiogroupq enqueue: malformed task arguments')
+  end
+  any_unique = any_unique or ARGV[b + 7] == '1'
+end
+
+-- Read everything the batch will write before its first write.
+local bad = check_fixed({ K_DELAYED, 'zset', GROUP_KEYS[1], GROUP_KEYS[2], GROUP_KEYS[3], GROUP_KEYS[4] })
+if bad then return bad end
+local now = now_ms(true)
+
+local plan, seen, adds, first_of = {}, {}, {}, {}
+for i = 0, n - 1 do
+  local b = 4 + PER * i
+  local id, g, dkey, sched = ARGV[b], ARGV[b + 1], ARGV[b + 6], ARGV[b + 11]
+  local p = { id = id, out = id, new = true, g = g ~= '' and g or nil, dkey = dkey }
+  if sched ~= '' then
+    local last = redis.pcall('GET', PREFIX .. 'sched:' .. sched)
+    if is_err(last) then return corrupt(PREFIX .. 'sched:' .. sched, last.err) end
+    if (tonumber(last) or -1) >= tonumber(ARGV[b + 12]) then p.new, p.out = false, '' end
+  end
+  if p.new and dkey ~= '' then
+    local first = seen[dkey]
+    if not first then
+      first = redis.pcall('GET', k_dedup(dkey))
+      if is_err(first) then return corrupt(k_dedup(dkey), first.err) end
+    end
+    if first and first ~= id then p.new, p.out = false, first end
+  end
+  if p.out == id and dkey ~= '' then seen[dkey] = id end
+  if p.new and redis.call('EXISTS', k_task(id)) == 1 then p.new = false end
+  if p.new and p.g then
+    local G = group(p.g)
+    if not G then return redis.error_reply('ERR aiogroupq group-corrupt ' .. i) end
+    adds[p.g] = (adds[p.g] or 0) + 1
+    first_of[p.g] = first_of[p.g] or i
+    local live = G.k + G.d + G.w + adds[p.g]
+    if G.mx and live > G.mx then
+      return redis.error_reply('ERR aiogroupq group-full ' .. i .. ' ' .. (live - 1) .. ' ' .. G.mx)
+    end
+  end
+  if p.new and (tonumber(ARGV[b + 8]) or (p.g and GROUPS[p.g].prio) or 0) > 0 then
+    any_prio = true
+  end
+  plan[i] = p
+end
+-- A group that may queue tasks in its line: is the line's key usable?
+for g, count in pairs(adds) do
+  local G = GROUPS[g]
+  if (count > 1 or not has_room(G)) and is_err(redis.pcall('LLEN', k_park(g))) then
+    return redis.error_reply('ERR aiogroupq group-corrupt ' .. first_of[g])
   end
 end
 
--- The clock and the earliest due time matter only to delayed tasks: read
--- them once, and only if the batch has one.
-local now, earliest, earliest_read = nil, nil, false
-local function clock()
-  now = now or now_ms(true)
-  return now
+if any_prio and not conf().prio then
+  local pbad = preflight({ K_PREADY, 'zset', K_PSEQ, 'string' })
+  if pbad then return pbad end
+  redis.call('HSET', K_CONF, 'pu', 1)
+  CONF.prio = true
 end
-local ids, readied, earliest_changed = {}, 0, false
+if any_unique and not conf().unique then
+  redis.call('HSET', K_CONF, 'uq', 1)
+  CONF.unique = true
+end
+
+local ids, readied, earliest, earliest_read, earliest_changed = {}, 0, nil, false, false
 for i = 0, n - 1 do
-  local b = 4 + 7 * i
-  local id, g, env = ARGV[b], ARGV[b + 1], ARGV[b + 2]
-  local delay, max_attempts, dedup = tonumber(ARGV[b + 3]), ARGV[b + 4], ARGV[b + 5]
-  local run_at = tonumber(ARGV[b + 6])
-  if run_at > 0 then delay = run_at - clock() end
-  local key = k_task(id)
-  if dedup ~= '' then
-    local dkey = k_dedup(dedup)
-    local first_id = redis.call('GET', dkey)
-    if first_id and first_id ~= id then
-      id = first_id
-      key = nil
+  local b = 4 + PER * i
+  local p = plan[i]
+  ids[i + 1] = p.out
+  if p.out == p.id and p.dkey ~= '' then
+    if ARGV[b + 7] == '1' then
+      redis.call('SET', k_dedup(p.dkey), p.id)
     else
-      redis.call('SET', dkey, id, 'PX', window)
+      redis.call('SET', k_dedup(p.dkey), p.id, 'PX', window)
     end
   end
-  ids[#ids + 1] = id
-  if key and redis.call('EXISTS', key) == 0 then
-    if g == '' then g = nil end
-    local state = delay > 0 and 'delayed' or 'queued'
-    if g then
-      redis.call('HSET', key, 'e', env, 'm', max_attempts, 'a', 0, 's', state, 'g', g)
-    else
-      redis.call('HSET', key, 'e', env, 'm', max_attempts, 'a', 0, 's', state)
-    end
-    if delay > 0 then
-      local due = run_at > 0 and run_at or clock() + delay
+  if p.new then
+    local id, g = p.id, p.g
+    local G = g and GROUPS[g]
+    local delay, run_at = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
+    local due = run_at > 0 and run_at or now + delay
+    local level = tonumber(ARGV[b + 8]) or (G and G.prio) or 0
+    local expires, expire_at = tonumber(ARGV[b + 9]), tonumber(ARGV[b + 10])
+    local xp = expire_at > 0 and expire_at or (expires > 0 and now + expires) or nil
+    if ARGV[b + 11] ~= '' then redis.call('SET', PREFIX .. 'sched:' .. ARGV[b + 11], ARGV[b + 12]) end
+    local state = 'queued'
+    if due > now then
+      state = 'delayed'
       if not earliest_read then -- before our own ZADD: was there an earlier one?
         local first = redis.call('ZRANGE', K_DELAYED, 0, 0, 'WITHSCORES')
         earliest, earliest_read = first[2] and tonumber(first[2]) or nil, true
       end
       redis.call('ZADD', K_DELAYED, due, id)
-      if not earliest or due < earliest then
-        earliest, earliest_changed = due, true
-      end
-    elseif route(id, g) then
-      readied = readied + 1
+      if not earliest or due < earliest then earliest, earliest_changed = due, true end
+      if G then G.d, G.dirty = G.d + 1, true end
+    else
+      due = now
+      if route(id, G, level) == 'ready' then readied = readied + 1 end
     end
+    local fields = { 'e', ARGV[b + 2], 'm', ARGV[b + 5], 'a', 0, 's', state, 'dt', due }
+    if g then fields[#fields + 1] = 'g'; fields[#fields + 1] = g end
+    if level > 0 then fields[#fields + 1] = 'p'; fields[#fields + 1] = level end
+    if xp then fields[#fields + 1] = 'xp'; fields[#fields + 1] = xp end
+    if ARGV[b + 7] == '1' and p.dkey ~= '' then
+      fields[#fields + 1] = 'u'; fields[#fields + 1] = p.dkey
+    end
+    redis.call('HSET', k_task(id), unpack(fields))
+    bump('enqueued', 1)
   end
 end
+flush()
 -- A new earliest due time must reach blocked fetchers, which sleep until the
 -- old one: one token makes one of them recompute its timer.
 if earliest_changed and readied == 0 then readied = 1 end

@@ -1,6 +1,6 @@
 #!lua flags=allow-oom
 --[[ finish.lua: apply a batch of attempt outcomes, each fenced by its token.
-  KEYS[1..6]  the common keys (see _lib.lua)
+  KEYS[1..6]  the common keys (see lib/base.lua)
   ARGV[1]     key prefix
   ARGV[2]     retention of succeeded and cancelled tasks in ms (at least a
               minute is kept, so that a re-sent batch is recognised)
@@ -9,7 +9,7 @@
     kind       "ok"      succeeded; arg1 is the encoded result to keep, or ""
                "retry"   run again after arg1 ms (counts as an attempt); arg2
                          is the error that caused it. A grouped task keeps its
-                         group: no later task of the group starts before it.
+                         slot: no later task of the group starts before it.
                "dead"    dead-letter with reason arg1 and traceback arg2; the
                          group passes on to its next task
                "halt"    the same, but the group stops behind the dead task
@@ -23,73 +23,110 @@
   returns  one code per outcome: 1 applied, 3 applied as "cancel" (a
            cancellation was requested), 2 already applied by an earlier call
            with this token (a re-sent batch), 0 refused: the lease was lost
-           (the token no longer owns the task) and nothing was changed.
+           (the token no longer owns the task) and nothing was changed,
+           4 applied to the task alone: a key of its group is damaged, so
+           the task ended (a failure dead-lettered as corrupt) and the group
+           was left as it is, 5 refused: the task's hash is damaged.
+  Each outcome is applied on its own: a damaged key fails only its outcome.
 ]]
+--- @include "base"
+--- @include "ready"
+--- @include "groups"
+--- @include "ends"
+
 local retention, n = tonumber(ARGV[2]), tonumber(ARGV[3])
 if not retention or not n or #ARGV ~= 3 + 5 * n then
   return redis.error_reply('ERR aiogroupq finish: malformed arguments')
 end
+local KINDS = { ok = true, retry = true, dead = true, halt = true, cancel = true, back = true }
+local halting = false
 for i = 0, n - 1 do
   local kind = ARGV[4 + 5 * i + 2]
   if kind == 'retry' and not tonumber(ARGV[4 + 5 * i + 3]) then
     return redis.error_reply('ERR aiogroupq finish: malformed retry delay')
-  elseif not (kind == 'ok' or kind == 'retry' or kind == 'dead' or kind == 'halt'
-      or kind == 'cancel' or kind == 'back') then
+  elseif not KINDS[kind] then
     return redis.error_reply('ERR aiogroupq finish: unknown outcome ' .. tostring(kind))
   end
+  halting = halting or kind == 'halt'
 end
+local more = { K_DELAYED, 'zset', K_LEASES, 'zset', K_DEAD, 'zset',
+  GROUP_KEYS[1], GROUP_KEYS[2], GROUP_KEYS[3], GROUP_KEYS[4] }
+if halting then more[#more + 1] = K_HALTED; more[#more + 1] = 'set' end
+local bad = check_fixed(more)
+if bad then return bad end
 
 local now = now_ms(true) -- due times of retries round up
 local codes, readied, delayed_earlier = {}, 0, false
-for i = 0, n - 1 do
-  local b = 4 + 5 * i
-  local id, token, kind, arg1, arg2 = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4]
+
+-- Apply one outcome whose token owns the running task; returns its code.
+local function apply(id, token, kind, arg1, arg2, f)
   local key = k_task(id)
-  local f = redis.call('HMGET', key, 'k', 's', 'g', 'c', 'f', 'cx', 'w')
-  if f[1] == token and f[2] == 'running' then
-    -- A requested cancellation wins over running the task again.
-    local converted = f[6] and (kind == 'retry' or kind == 'back')
-    if converted then kind = 'cancel' end
-    local g = f[3]
-    drop_lease(id, f[4])
-    if kind == 'ok' or kind == 'cancel' then
-      if release(g) then readied = readied + 1 end
-      local result = kind == 'ok' and arg1 ~= '' and arg1 or nil
-      conclude(id, kind == 'ok' and 'succeeded' or 'cancelled', now, retention,
-        f[7] ~= false, token, result)
-    else
-      redis.call('HDEL', key, 'c')
-      if kind == 'retry' then
-        local delay = tonumber(arg1)
-        redis.call('HSET', key, 'f', token, 'x', arg2)
-        if delay <= 0 then
-          requeue_front(id, g)
-          readied = readied + 1
-        else
-          if g then redis.call('SET', k_lock(g), '@' .. id) end
-          local first = redis.call('ZRANGE', K_DELAYED, 0, 0, 'WITHSCORES')
-          if not first[2] or now + delay < tonumber(first[2]) then delayed_earlier = true end
-          redis.call('ZADD', K_DELAYED, now + delay, id)
-          redis.call('HSET', key, 's', 'delayed')
-        end
+  local converted = f[6] and (kind == 'retry' or kind == 'back')
+  if converted then kind = 'cancel' end
+  redis.call('ZREM', K_LEASES, id)
+  if f[4] then redis.pcall('SREM', k_inflight(f[4]), id) end
+  local g, G = f[3], nil
+  if g then
+    G = group(g)
+    if not G then -- end the task on its own; its group stays as it is
+      if kind == 'ok' or kind == 'cancel' then
+        conclude(id, kind == 'ok' and 'succeeded' or 'cancelled', now, retention, f[7] ~= false, token)
       else
         redis.call('HSET', key, 'f', token)
-        if kind == 'dead' or kind == 'halt' then
-          if bury(id, g, now, arg1, arg2, kind == 'halt') then readied = readied + 1 end
-        else -- back
-          redis.call('HINCRBY', key, 'a', -1)
-          requeue_front(id, g)
-          readied = readied + 1
-        end
+        bury(id, nil, false, now, damaged('a key of group ' .. g .. ' is damaged'), arg2)
       end
+      return 4
     end
-    codes[#codes + 1] = converted and 3 or 1
+  end
+  if kind == 'ok' or kind == 'cancel' then
+    if G then readied = readied + release(G, id) end
+    local result = kind == 'ok' and arg1 ~= '' and arg1 or nil
+    conclude(id, kind == 'ok' and 'succeeded' or 'cancelled', now, retention,
+      f[7] ~= false, token, result)
+  elseif kind == 'retry' then
+    local delay = tonumber(arg1)
+    redis.call('HDEL', key, 'c')
+    redis.call('HSET', key, 'f', token, 'x', arg2)
+    bump('retried', 1)
+    if delay <= 0 then
+      continue_front(G, id, tonumber(f[8]) or 0)
+      redis.call('HSET', key, 's', 'queued')
+      readied = readied + 1
+    else
+      if G then set_mark(G, id, 'r') end
+      local first = redis.call('ZRANGE', K_DELAYED, 0, 0, 'WITHSCORES')
+      if not first[2] or now + delay < tonumber(first[2]) then delayed_earlier = true end
+      redis.call('ZADD', K_DELAYED, now + delay, id)
+      redis.call('HSET', key, 's', 'delayed')
+    end
+  elseif kind == 'dead' or kind == 'halt' then
+    redis.call('HSET', key, 'f', token)
+    readied = readied + bury(id, G, true, now, arg1, arg2, kind == 'halt')
+  else -- back
+    redis.call('HDEL', key, 'c')
+    redis.call('HSET', key, 'f', token, 's', 'queued')
+    redis.call('HINCRBY', key, 'a', -1)
+    continue_front(G, id, tonumber(f[8]) or 0)
+    readied = readied + 1
+  end
+  return converted and 3 or 1
+end
+
+for i = 0, n - 1 do
+  local b = 4 + 5 * i
+  local id, token = ARGV[b], ARGV[b + 1]
+  local f = redis.pcall('HMGET', k_task(id), 'k', 's', 'g', 'c', 'f', 'cx', 'w', 'p')
+  if is_err(f) then
+    codes[#codes + 1] = 5
+  elseif f[1] == token and f[2] == 'running' then
+    codes[#codes + 1] = apply(id, token, ARGV[b + 2], ARGV[b + 3], ARGV[b + 4], f)
   elseif f[5] == token then
     codes[#codes + 1] = 2
   else
     codes[#codes + 1] = 0
   end
 end
+flush()
 if delayed_earlier and readied == 0 then readied = 1 end
 if readied > 0 then wake(readied) end
 return codes

@@ -1,23 +1,28 @@
 #!lua flags=allow-oom
 --[[ heartbeat.lua: extend the leases of a consumer's running tasks.
-  KEYS[1..6]  the common keys (see _lib.lua)
+  KEYS[1..6]  the common keys (see lib/base.lua)
   ARGV[1]     key prefix
   ARGV[2]     lease duration in ms, counted from now (server clock)
   ARGV[3..]   pairs: task id, fencing token
   returns  one code per pair: 1 extended, 0 lost (the token no longer owns a
-           running task: the lease expired and was recovered, or was taken),
-           2 extended but cancellation was requested (Producer.cancel)
+           running task: the lease expired and was recovered, or was taken,
+           or the task's hash is damaged), 2 extended but cancellation was
+           requested (Producer.cancel)
 ]]
+--- @include "base"
+
 local lease_ms = tonumber(ARGV[2])
 if not lease_ms or #ARGV % 2 ~= 0 then
   return redis.error_reply('ERR aiogroupq heartbeat: malformed arguments')
 end
+local bad = preflight({ K_LEASES, 'zset' })
+if bad then return bad end
 local deadline = now_ms() + lease_ms
 local codes = {}
 for b = 3, #ARGV, 2 do
   local id = ARGV[b]
-  local f = redis.call('HMGET', k_task(id), 'k', 's', 'cx')
-  if f[1] == ARGV[b + 1] and f[2] == 'running' then
+  local f = redis.pcall('HMGET', k_task(id), 'k', 's', 'cx')
+  if not is_err(f) and f[1] == ARGV[b + 1] and f[2] == 'running' then
     redis.call('ZADD', K_LEASES, 'XX', deadline, id)
     codes[#codes + 1] = f[3] and 2 or 1
   else

@@ -1,6 +1,6 @@
 #!lua flags=allow-oom
 --[[ identity.lua: a consumer name held by one live process at a time.
-  KEYS[1..6]  the common keys (see _lib.lua)
+  KEYS[1..6]  the common keys (see lib/base.lua)
   KEYS[7]     {aiogroupq:<q>}:consumer:<name>   STRING holder "<host>:<pid>:<nonce>"
   ARGV[1]     key prefix
   ARGV[2]     "take"   hold the name if it is free (or already ours)
@@ -15,11 +15,13 @@
   returns  "" when the operation succeeded, else the current holder ("" is
            also returned by drop when the name was not ours)
 ]]
+--- @include "base"
 local key, op, me, ttl = KEYS[7], ARGV[2], ARGV[3], tonumber(ARGV[4])
 if not ttl then
   return redis.error_reply('ERR aiogroupq identity: malformed arguments')
 end
-local holder = redis.call('GET', key)
+local holder = redis.pcall('GET', key)
+if is_err(holder) then return corrupt(key, holder.err) end
 if (op == 'force' and holder == ARGV[5])
     or ((op == 'take' or op == 'renew') and (not holder or holder == me)) then
   redis.call('SET', key, me, 'PX', ttl)

@@ -5,29 +5,46 @@
   incarnation's tasks at once (counted: they may have run), and a consumer
   whose claim reply was lost gives back what that claim took (not counted:
   they never started).
-  KEYS[1..6]  the common keys (see _lib.lua)
+  KEYS[1..6]  the common keys (see lib/base.lua)
   KEYS[7]     {aiogroupq:<q>}:inflight:<consumer>   SET, the recovery key
   ARGV[1]     key prefix
   ARGV[2]     1 to count the interrupted attempt, 0 not to
   ARGV[3]     the consumer's name (a task another consumer owns is only
               dropped from this recovery key, never taken from its owner)
-  ARGV[4..]   ids of tasks the consumer still runs (left alone)
-  returns  the number of tasks given back (each to the front of its group,
-           or dead-lettered when counted past its last attempt)
+  ARGV[4]     retention of a task cancelled meanwhile, in ms
+  ARGV[5..]   ids of tasks the consumer still runs (left alone)
+  returns  {given back, {dead ids}}: how many tasks went back (each to the
+           front of its group, or dead-lettered when counted past its last
+           attempt), and the ids dead-lettered
 ]]
-local counted, consumer = ARGV[2] == '1', ARGV[3]
+--- @include "base"
+--- @include "ready"
+--- @include "groups"
+--- @include "ends"
+
+local counted, consumer, retention = ARGV[2] == '1', ARGV[3], tonumber(ARGV[4])
+if not retention then
+  return redis.error_reply('ERR aiogroupq recover: malformed arguments')
+end
+local bad = check_fixed({ K_DELAYED, 'zset', K_LEASES, 'zset', K_DEAD, 'zset',
+  GROUP_KEYS[1], GROUP_KEYS[2], GROUP_KEYS[3], GROUP_KEYS[4], KEYS[7], 'set' })
+if bad then return bad end
 local keep = {}
-for i = 4, #ARGV do keep[ARGV[i]] = true end
+for i = 5, #ARGV do keep[ARGV[i]] = true end
 local now = now_ms()
-local n, readied = 0, 0
+local n, readied, dead_ids = 0, 0, {}
 for _, id in ipairs(redis.call('SMEMBERS', KEYS[7])) do
   if not keep[id] then
-    if redis.call('HGET', k_task(id), 'c') == consumer then
+    local owner = redis.pcall('HGET', k_task(id), 'c')
+    if owner == consumer then
       n = n + 1
-      if recover(id, now, 'consumer restarted', counted) then readied = readied + 1 end
+      local became = recover(id, now, 'consumer restarted', counted, retention)
+      if became == 'ready' then readied = readied + 1 end
+      if became == 'dead' then dead_ids[#dead_ids + 1] = id end
     end
     redis.call('SREM', KEYS[7], id)
   end
 end
+flush()
 if readied > 0 then wake(readied) end
-return n
+return { n, dead_ids }

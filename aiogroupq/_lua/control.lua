@@ -1,0 +1,103 @@
+#!lua flags=allow-oom
+--[[ control.lua: settings of a queue and its groups, pause and resume.
+  KEYS[1..6]  the common keys (see lib/base.lua)
+  ARGV[1]     key prefix
+  ARGV[2]     the operation, its arguments after it:
+    "group" g c rn rp mx pr   replace group g's settings ("" for each one the
+                              group leaves to the queue's default): c
+                              concurrency, rn starts per rp ms (rn 0: no
+                              limit), mx most live tasks, pr default priority
+    "pause" g / "resume" g    stop / restart starting group g's tasks
+    "queue" fair c rn rp age  replace the queue's settings ("" for the
+                              default): fair "drain" or "" (round-robin),
+                              c default group concurrency, rn/rp default
+                              rate, age priority aging in ms per level
+    "qpause" / "qresume"      stop / restart all claims of the queue
+    "refill" g1 g2 ...        give free slots of these groups to their lines
+                              (after the defaults changed; callers send the
+                              groups with a line, a few hundred per call)
+  returns  how many tasks became runnable
+  errors   "aiogroupq corrupt <key>: ..." if a key it needs is damaged
+]]
+--- @include "base"
+--- @include "ready"
+--- @include "groups"
+
+local op = ARGV[2]
+local bad = check_fixed({ K_PAUSED, 'set', GROUP_KEYS[1], GROUP_KEYS[2], GROUP_KEYS[3], GROUP_KEYS[4] })
+if bad then return bad end
+
+local function loaded(g)
+  local G = group(g)
+  if not G then return nil, corrupt(k_group(g), 'damaged state or settings') end
+  return G
+end
+
+local readied = 0
+if op == 'group' then
+  local g = ARGV[3]
+  local key = k_gconf(g)
+  local cur = redis.pcall('HGET', key, 'p')
+  if is_err(cur) then return corrupt(key, cur.err) end
+  redis.call('DEL', key)
+  local fields = {}
+  for i, name in ipairs({ 'c', 'rn', 'rp', 'mx', 'pr' }) do
+    if ARGV[3 + i] ~= '' then fields[#fields + 1] = name; fields[#fields + 1] = ARGV[3 + i] end
+  end
+  if cur then fields[#fields + 1] = 'p'; fields[#fields + 1] = cur end
+  if #fields > 0 then redis.call('HSET', key, unpack(fields)) end
+  redis.call('HSET', K_CONF, 'gc', 1)
+  CONF.gconf = true
+  if ARGV[8] ~= '' and tonumber(ARGV[8]) > 0 and not CONF.prio then
+    local pbad = preflight({ K_PREADY, 'zset', K_PSEQ, 'string' })
+    if pbad then return pbad end
+    redis.call('HSET', K_CONF, 'pu', 1)
+    CONF.prio = true
+  end
+  local G, err = loaded(g)
+  if not G then return err end
+  readied = fill(G)
+elseif op == 'pause' or op == 'resume' then
+  local g = ARGV[3]
+  local key = k_gconf(g)
+  if is_err(redis.pcall('HLEN', key)) then return corrupt(key, 'not a hash') end
+  if op == 'pause' then
+    redis.call('HSET', key, 'p', 1)
+    redis.call('SADD', K_PAUSED, g)
+    redis.call('HSET', K_CONF, 'gc', 1)
+  else
+    redis.call('HDEL', key, 'p')
+    redis.call('SREM', K_PAUSED, g)
+    CONF.gconf = true
+    local G, err = loaded(g)
+    if not G then return err end
+    readied = unshelve(G)
+  end
+elseif op == 'queue' then
+  redis.call('HDEL', K_CONF, 'fair', 'c', 'rn', 'rp', 'age')
+  local fields = {}
+  for i, name in ipairs({ 'fair', 'c', 'rn', 'rp', 'age' }) do
+    if ARGV[2 + i] ~= '' then fields[#fields + 1] = name; fields[#fields + 1] = ARGV[2 + i] end
+  end
+  if ARGV[7] ~= '' then
+    local pbad = preflight({ K_PREADY, 'zset', K_PSEQ, 'string' })
+    if pbad then return pbad end
+    fields[#fields + 1] = 'pu'; fields[#fields + 1] = 1
+  end
+  if #fields > 0 then redis.call('HSET', K_CONF, unpack(fields)) end
+elseif op == 'qpause' then
+  redis.call('HSET', K_CONF, 'pause', 1)
+elseif op == 'qresume' then
+  redis.call('HDEL', K_CONF, 'pause')
+  readied = ready_len()
+elseif op == 'refill' then
+  for i = 3, #ARGV do
+    local G = group(ARGV[i])
+    if G then readied = readied + fill(G) end
+  end
+else
+  return redis.error_reply('ERR aiogroupq control: unknown operation ' .. tostring(op))
+end
+flush()
+if readied > 0 then wake(readied) end
+return readied

@@ -1,0 +1,115 @@
+--[[ base.lua: what every script shares (included first, never run alone).
+  KEYS[1]  {aiogroupq:<q>}:ready     LIST runnable task ids, next first
+  KEYS[2]  {aiogroupq:<q>}:delayed   ZSET id -> due time (server ms)
+  KEYS[3]  {aiogroupq:<q>}:leases    ZSET id -> lease deadline (server ms)
+  KEYS[4]  {aiogroupq:<q>}:wake      LIST wake tokens that blocked fetchers BLPOP
+  KEYS[5]  {aiogroupq:<q>}:fence     STRING counter of fencing tokens
+  KEYS[6]  {aiogroupq:<q>}:dead      ZSET id -> time dead-lettered (server ms)
+  ARGV[1]  key prefix "{aiogroupq:<q>}:"
+
+  Every other key is built from the prefix, so it shares the hash tag and
+  lives in the same cluster slot; _keys.py builds the same names.
+
+  Task hash t:<id> fields (a legend; docs/internals.md has the long form):
+    e envelope  g group  m max attempts  a attempts started  s state
+    k token of the latest claim  c consumer holding it  f token last applied
+    x error or reason  tb traceback  ft end time  r result  w waited for
+    cx cancel requested  p priority (> 0 only)  xp expires at (until the
+    first start)  u unique dedup key  dt when it became due (server ms)
+
+  Scripts never roll back (redis#10576), so each one reads what it will
+  write before its first write: the fixed keys with preflight(), a task's
+  or a group's keys with redis.pcall reads. A damaged key is answered with
+  an error before anything is written, or harms only its own task or group.
+]]
+local K_READY, K_DELAYED, K_LEASES, K_WAKE, K_FENCE, K_DEAD =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local PREFIX = ARGV[1]
+local K_CONF = PREFIX .. 'conf'       -- HASH the queue's settings
+local K_STATS = PREFIX .. 'stats'     -- HASH counters (see bump)
+local K_PREADY = PREFIX .. 'pready'   -- ZSET runnable ids by priority, once priorities are used
+local K_PSEQ = PREFIX .. 'pseq'       -- STRING last score sequence number of pready
+local K_BACKLOG = PREFIX .. 'backlog' -- ZSET group -> tasks waiting in its line
+local K_HALTED = PREFIX .. 'halted'   -- SET groups halted behind a dead task
+local K_PAUSED = PREFIX .. 'paused'   -- SET paused groups
+
+local function k_task(id) return PREFIX .. 't:' .. id end
+local function k_group(g) return PREFIX .. 'grp:' .. g end
+local function k_park(g) return PREFIX .. 'park:' .. g end
+local function k_held(g) return PREFIX .. 'held:' .. g end
+local function k_gconf(g) return PREFIX .. 'gconf:' .. g end
+local function k_rate(g) return PREFIX .. 'rate:' .. g end
+local function k_inflight(c) return PREFIX .. 'inflight:' .. c end
+local function k_dedup(d) return PREFIX .. 'dedup:' .. d end
+local function k_done(id) return PREFIX .. 'done:' .. id end
+
+-- Server time in ms, read once per call; *up* rounds it up instead of down,
+-- for due times, so that "due" is never before enqueue time + delay.
+local NOW, NOW_UP
+local function now_ms(up)
+  if not NOW then
+    local t = redis.call('TIME')
+    local ms = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+    NOW, NOW_UP = math.floor(ms), math.ceil(ms)
+  end
+  if up then return NOW_UP end
+  return NOW
+end
+
+local function is_err(reply) return type(reply) == 'table' and reply.err ~= nil end
+
+-- The reply for a damaged key found before any write; _scripts.py turns it
+-- into CorruptQueueError.
+local function corrupt(key, why)
+  return redis.error_reply('ERR aiogroupq corrupt ' .. key .. ': ' .. tostring(why))
+end
+
+-- Read each (key, type) pair with a command of that type: a key of another
+-- type is reported before the script writes anything.
+local PROBE = { list = 'LLEN', zset = 'ZCARD', hash = 'HLEN', set = 'SCARD', string = 'GET' }
+local function preflight(pairs_)
+  for i = 1, #pairs_, 2 do
+    local reply = redis.pcall(PROBE[pairs_[i + 1]], pairs_[i])
+    if is_err(reply) then return corrupt(pairs_[i], reply.err) end
+  end
+  return nil
+end
+
+-- The queue's settings, read once per call (the conf hash is preflighted).
+local CONF
+local function conf()
+  if not CONF then
+    local f = redis.call('HMGET', K_CONF, 'fair', 'pause', 'c', 'rn', 'rp', 'age', 'pu', 'gc', 'uq')
+    CONF = {
+      drain = f[1] == 'drain',       -- a released group's next task goes first
+      paused = f[2] == '1',          -- nothing is claimed
+      conc = tonumber(f[3]) or 1,    -- default concurrency of a group
+      rn = tonumber(f[4]),           -- default rate: rn starts per rp ms
+      rp = tonumber(f[5]),
+      age = tonumber(f[6]),          -- priority aging, ms per level
+      prio = f[7] == '1',            -- priorities are in use: pready holds the ready tasks
+      gconf = f[8] == '1',           -- some group has settings of its own
+      unique = f[9] == '1',          -- some task used unique deduplication
+    }
+  end
+  return CONF
+end
+
+-- What a call accumulates and writes once at its end: each lib adds a
+-- function here, and every script calls flush() before it returns.
+local FLUSHERS = {}
+local function flush()
+  for _, f in ipairs(FLUSHERS) do f() end
+end
+
+-- Counters of the stats hash, added up during the call.
+local COUNTS = {}
+local function bump(field, n)
+  COUNTS[field] = (COUNTS[field] or 0) + n
+end
+FLUSHERS[#FLUSHERS + 1] = function()
+  for field, n in pairs(COUNTS) do
+    if n ~= 0 then redis.call('HINCRBY', K_STATS, field, n) end
+  end
+  COUNTS = {}
+end
