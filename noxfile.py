@@ -38,10 +38,17 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict over the package, the tests and this file."""
+    """mypy --strict over the package, the tests and this file; pyright's
+    ``--verifytypes`` (a complete public type surface) and tests/typing.
+
+    basedpyright is pyright packaged with its own Node.js, so it installs from
+    PyPI alone.
+    """
     _install(session)
-    session.install("mypy>=1.13", "nox")
+    session.install("mypy>=1.13", "nox", "basedpyright>=1.20")
     session.run("mypy")
+    session.run("basedpyright", "--verifytypes", "aiogroupq", "--ignoreexternal")
+    session.run("basedpyright", "--level", "error", "tests/typing")
 
 
 @nox.session

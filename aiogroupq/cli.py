@@ -63,7 +63,7 @@ from ._keys import validate_queue_name
 from .consumer import Consumer
 from .errors import ConfigurationError, RedisUnavailableError
 
-logger = logging.getLogger("aiogroupq.cli")
+logger: logging.Logger = logging.getLogger("aiogroupq.cli")
 
 DEFAULT_REDIS_URL: Final = "redis://localhost:6379/0"
 _STOP_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
