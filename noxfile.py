@@ -8,6 +8,7 @@ nox.options.sessions = ["lint", "typecheck", "tests"]
 nox.options.reuse_existing_virtualenvs = True
 
 PYTHONS = ["3.11", "3.12", "3.13", "3.14"]
+PYPROJECT = nox.project.load_toml("pyproject.toml")
 
 
 def _install(session: nox.Session, extras: str = "test") -> None:
@@ -73,3 +74,14 @@ def chaos(session: nox.Session) -> None:
     """
     _install(session)
     session.run("pytest", "tests/chaos", "-m", "chaos", *session.posargs)
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """Build the site into docs/_build/html, strictly: a broken link or
+    cross-reference, or a public name missing from the API page, fails it."""
+    session.install("-e", ".", *nox.project.dependency_groups(PYPROJECT, "docs"))
+    session.run(
+        "sphinx-build", "-E", "-n", "-W", "--keep-going", "-b", "html",
+        "docs", "docs/_build/html", *session.posargs,
+    )  # fmt: skip

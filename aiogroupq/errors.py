@@ -16,7 +16,7 @@ The hierarchy::
     ├── QueueFullError              Redis is out of memory and refused new work
     └── RedisUnavailableError       Redis could not be reached within the budget
 
-:class:`Retry` is not an error: a handler raises it to ask for another attempt.
+:class:`~aiogroupq.Retry` is not an error: a handler raises it to ask for another attempt.
 """
 
 from __future__ import annotations
