@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import glob
+import os
+import shutil
+
 import nox
 
 nox.options.sessions = ["lint", "typecheck", "tests"]
@@ -85,3 +89,39 @@ def docs(session: nox.Session) -> None:
         "sphinx-build", "-E", "-n", "-W", "--keep-going", "-b", "html",
         "docs", "docs/_build/html", *session.posargs,
     )  # fmt: skip
+
+
+# Run from outside the checkout, so that it imports the installed wheel.
+_WHEEL_CHECK = """
+import subprocess, sys
+from importlib.metadata import metadata
+from importlib.resources import files
+import aiogroupq
+package = files("aiogroupq")
+assert "site-packages" in str(package), package
+lua = sorted(p.name for p in package.joinpath("_lua").iterdir() if p.name.endswith(".lua"))
+assert lua == sys.argv[1].split(","), (lua, sys.argv[1])
+assert package.joinpath("py.typed").is_file(), "py.typed missing"
+meta = metadata("aiogroupq")
+assert (meta["License-Expression"], meta["License-File"]) == ("MIT", "LICENSE"), meta
+out = subprocess.run(["aiogroupq", "--version"], capture_output=True, text=True, check=True)
+assert out.stdout == f"aiogroupq {aiogroupq.__version__}\\n", out.stdout
+print("wheel OK:", aiogroupq.__version__, len(lua), "Lua scripts, py.typed")
+"""
+
+
+@nox.session
+def wheel(session: nox.Session) -> None:
+    """Build the sdist and the wheel, install the wheel into this environment
+    (not editable) and check that the Lua scripts and py.typed are in it."""
+    session.install("build")
+    dist = os.path.join(session.create_tmp(), "dist")
+    shutil.rmtree(dist, ignore_errors=True)
+    session.run("python", "-m", "build", "--outdir", dist)
+    (built,) = glob.glob(os.path.join(dist, "aiogroupq-*.whl"))
+    session.install("--force-reinstall", built)
+    lua = ",".join(
+        sorted(os.path.basename(p) for p in glob.glob("aiogroupq/_lua/*.lua"))
+    )
+    session.chdir(session.create_tmp())
+    session.run("python", "-c", _WHEEL_CHECK, lua)
