@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import glob
+import os
+import shutil
+
 import nox
 
 nox.options.sessions = ["lint", "typecheck", "tests"]
 nox.options.reuse_existing_virtualenvs = True
 
 PYTHONS = ["3.11", "3.12", "3.13", "3.14"]
+PYPROJECT = nox.project.load_toml("pyproject.toml")
 
 
 def _install(session: nox.Session, extras: str = "test") -> None:
@@ -38,10 +43,17 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict over the package, the tests and this file."""
+    """mypy --strict over the package, the tests and this file; pyright's
+    ``--verifytypes`` (a complete public type surface) and tests/typing.
+
+    basedpyright is pyright packaged with its own Node.js, so it installs from
+    PyPI alone.
+    """
     _install(session)
-    session.install("mypy>=1.13", "nox")
+    session.install("mypy>=1.13", "nox", "basedpyright>=1.20")
     session.run("mypy")
+    session.run("basedpyright", "--verifytypes", "aiogroupq", "--ignoreexternal")
+    session.run("basedpyright", "--level", "error", "tests/typing")
 
 
 @nox.session
@@ -66,3 +78,50 @@ def chaos(session: nox.Session) -> None:
     """
     _install(session)
     session.run("pytest", "tests/chaos", "-m", "chaos", *session.posargs)
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """Build the site into docs/_build/html, strictly: a broken link or
+    cross-reference, or a public name missing from the API page, fails it."""
+    session.install("-e", ".", *nox.project.dependency_groups(PYPROJECT, "docs"))
+    session.run(
+        "sphinx-build", "-E", "-n", "-W", "--keep-going", "-b", "html",
+        "docs", "docs/_build/html", *session.posargs,
+    )  # fmt: skip
+
+
+# Run from outside the checkout, so that it imports the installed wheel.
+_WHEEL_CHECK = """
+import subprocess, sys
+from importlib.metadata import metadata
+from importlib.resources import files
+import aiogroupq
+package = files("aiogroupq")
+assert "site-packages" in str(package), package
+lua = sorted(p.name for p in package.joinpath("_lua").iterdir() if p.name.endswith(".lua"))
+assert lua == sys.argv[1].split(","), (lua, sys.argv[1])
+assert package.joinpath("py.typed").is_file(), "py.typed missing"
+meta = metadata("aiogroupq")
+assert (meta["License-Expression"], meta["License-File"]) == ("MIT", "LICENSE"), meta
+out = subprocess.run(["aiogroupq", "--version"], capture_output=True, text=True, check=True)
+assert out.stdout == f"aiogroupq {aiogroupq.__version__}\\n", out.stdout
+print("wheel OK:", aiogroupq.__version__, len(lua), "Lua scripts, py.typed")
+"""
+
+
+@nox.session
+def wheel(session: nox.Session) -> None:
+    """Build the sdist and the wheel, install the wheel into this environment
+    (not editable) and check that the Lua scripts and py.typed are in it."""
+    session.install("build")
+    dist = os.path.join(session.create_tmp(), "dist")
+    shutil.rmtree(dist, ignore_errors=True)
+    session.run("python", "-m", "build", "--outdir", dist)
+    (built,) = glob.glob(os.path.join(dist, "aiogroupq-*.whl"))
+    session.install("--force-reinstall", built)
+    lua = ",".join(
+        sorted(os.path.basename(p) for p in glob.glob("aiogroupq/_lua/*.lua"))
+    )
+    session.chdir(session.create_tmp())
+    session.run("python", "-c", _WHEEL_CHECK, lua)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -50,6 +51,22 @@ def socket_timeout(client: Redis) -> float | None:
     return None if value is None else float(value)
 
 
+def require_asyncio() -> None:
+    """Refuse to start outside asyncio: redis.asyncio runs on nothing else, and
+    under trio it would fail only at the first command, with a ``TypeError``.
+
+    :raises ConfigurationError: if no asyncio event loop runs in this thread
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        raise ConfigurationError(
+            "aiogroupq runs on asyncio; no asyncio event loop is running here "
+            "(trio or another event loop?), and redis.asyncio supports no other: "
+            "start it with asyncio.run() or anyio.run(..., backend='asyncio')"
+        ) from None
+
+
 @asynccontextmanager
 async def open_client(redis: RedisLike, *, retry: bool) -> AsyncIterator[Redis]:
     """Yield a usable client; close it afterwards only if we created it.
@@ -57,7 +74,9 @@ async def open_client(redis: RedisLike, *, retry: bool) -> AsyncIterator[Redis]:
     :param retry: keep redis-py's automatic re-sending of commands after a
         connection error. Only for idempotent callers (enqueue, status); the
         consumer retries at its own layer, where it knows what is safe.
+    :raises ConfigurationError: outside asyncio, or for an unusable client
     """
+    require_asyncio()
     if isinstance(redis, Redis):
         check_borrowed(redis)
         yield redis

@@ -61,23 +61,25 @@ class Handler:
         store_result: bool = False,
         on_dead: Literal["continue", "halt"] = "continue",
     ) -> None:
-        self.func = func
-        self.timeout = _optional("timeout", timeout, minimum=0.001)
-        self.retry_backoff = _optional("retry_backoff", retry_backoff)
-        self.retry_backoff_max = _optional("retry_backoff_max", retry_backoff_max)
+        self.func: HandlerFunc = func
+        self.timeout: float | None = _optional("timeout", timeout, minimum=0.001)
+        self.retry_backoff: float | None = _optional("retry_backoff", retry_backoff)
+        self.retry_backoff_max: float | None = _optional(
+            "retry_backoff_max", retry_backoff_max
+        )
         if not isinstance(no_retry, tuple) or not all(
             isinstance(t, type) and issubclass(t, BaseException) for t in no_retry
         ):
             raise ConfigurationError(
                 f"no_retry must be a tuple of exception types, got {no_retry!r}"
             )
-        self.no_retry = no_retry
-        self.store_result = bool(store_result)
+        self.no_retry: tuple[type[BaseException], ...] = no_retry
+        self.store_result: bool = bool(store_result)
         if on_dead not in ("continue", "halt"):
             raise ConfigurationError(
                 f"on_dead must be 'continue' or 'halt', got {on_dead!r}"
             )
-        self.on_dead = on_dead
+        self.on_dead: Literal["continue", "halt"] = on_dead
 
     def __repr__(self) -> str:
         return f"aiogroupq.Handler({self.func!r}, on_dead={self.on_dead!r})"

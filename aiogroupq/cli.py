@@ -56,13 +56,14 @@ from urllib.parse import urlsplit, urlunsplit
 import anyio
 from redis.exceptions import RedisError
 
+from . import __version__
 from ._fsck import check_queue
 from ._handlers import build_routes
 from ._keys import validate_queue_name
 from .consumer import Consumer
 from .errors import ConfigurationError, RedisUnavailableError
 
-logger = logging.getLogger("aiogroupq.cli")
+logger: logging.Logger = logging.getLogger("aiogroupq.cli")
 
 DEFAULT_REDIS_URL: Final = "redis://localhost:6379/0"
 _STOP_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
@@ -143,6 +144,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="aiogroupq",
         description="Asyncio task queue on Redis with group-serial execution.",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"aiogroupq {__version__}"
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     worker = commands.add_parser(

@@ -41,7 +41,7 @@ from .errors import ConfigurationError, QueueFullError
 if TYPE_CHECKING:
     from .task import DeadLetter
 
-logger = logging.getLogger(__name__)
+logger: logging.Logger = logging.getLogger(__name__)
 
 #: longest a fetcher blocks on the wake list before it claims anyway
 MAX_BLOCK: Final = 1.0

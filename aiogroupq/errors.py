@@ -20,7 +20,7 @@ The hierarchy::
     ├── CorruptQueueError           a key of the queue holds something no script wrote
     └── RedisUnavailableError       Redis could not be reached within the budget
 
-:class:`Retry` is not an error: a handler raises it to ask for another attempt.
+:class:`~aiogroupq.Retry` is not an error: a handler raises it to ask for another attempt.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import time
 from collections.abc import AsyncGenerator, Iterable
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
-from typing import Any, Final, Self
+from typing import Any, Final, Self, TypeVar, overload
 
 import anyio
 import msgspec
@@ -40,6 +40,8 @@ from .errors import (
     UnknownTaskTypeError,
 )
 from .task import DeadLetter, Envelope, Task, TaskState, new_task_id
+
+T = TypeVar("T")
 
 #: default ``max_payload_bytes``: 512 KiB of encoded MessagePack
 DEFAULT_MAX_PAYLOAD_BYTES: Final = 512 * 1024
@@ -321,6 +323,31 @@ class Producer(anyio.AsyncContextManagerMixin):
             raise TaskNotFoundError(task_id)
         return code != _scripts.FINISHED
 
+    # Typed like msgspec's decode(): a class gives its instances, anything
+    # else that msgspec decodes into (a union, an Annotated type) gives Any.
+    @overload
+    async def result(
+        self, task_id: str, *, timeout: float | timedelta | None = None
+    ) -> Any: ...
+
+    @overload
+    async def result(
+        self,
+        task_id: str,
+        *,
+        timeout: float | timedelta | None = None,
+        result_type: type[T],
+    ) -> T: ...
+
+    @overload
+    async def result(
+        self,
+        task_id: str,
+        *,
+        timeout: float | timedelta | None = None,
+        result_type: Any,
+    ) -> Any: ...
+
     @unavailable_as_error
     async def result(
         self,
@@ -336,7 +363,8 @@ class Producer(anyio.AsyncContextManagerMixin):
         blocks on a per-task list that the task's end feeds; it does not poll.
 
         :param timeout: seconds to wait (None: forever)
-        :param result_type: decode the result into this type (default builtins)
+        :param result_type: decode the result into this type (default
+            builtins); type checkers then see that type as the return type
         :raises TimeoutError: if the task has not ended within *timeout*
         :raises TaskNotFoundError: for an unknown (or expired) id
         :raises TaskFailedError: if the task was dead-lettered
