@@ -37,8 +37,8 @@ from redis.exceptions import RedisError
 
 import aiogroupq
 
-from ._embedded import EmbeddedServer, EmbeddedServerError
 from ._keys import QueueKeys
+from ._server import ServerProcess, ServerStartError
 
 #: tasks per ``enqueue_many`` round trip
 BATCH: Final = 1_000
@@ -269,11 +269,11 @@ def run_demo(
     jobs, description = make_plan(tasks, groups, random.Random(seed))
     print(f"workload: {description} (seed {seed})")
     print(f"workers:  {processes} processes x {concurrency} concurrency", flush=True)
-    server = EmbeddedServer()
+    server = ServerProcess()
     if redis_url is None:
         try:
             server.start()
-        except EmbeddedServerError as exc:
+        except ServerStartError as exc:
             print(f"aiogroupq demo: error: {exc}", file=sys.stderr)
             return 2
         redis_url = server.url
@@ -289,7 +289,7 @@ def run_demo(
                 print("\n".join(lines), file=sys.stderr)
             return code
     finally:
-        server.stop()
+        server.close()
 
 
 async def _run(
