@@ -1,16 +1,26 @@
 """The web examples (``examples/``), driven by their frameworks' test clients
 against the real test server, with a real consumer running what the
-endpoints enqueued."""
+endpoints enqueued; and the "Testing your handlers" example project
+(``examples/testing/``), run by pytest as a user would run it."""
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
 import httpx
+import pytest
 import redis.asyncio
 from aiohttp.test_utils import TestClient, TestServer
 
 import aiogroupq
 from aiogroupq.testing import drain
 from examples import aiohttp_app, fastapi_app
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 async def test_fastapi_app_enqueues_and_reports_status(
@@ -83,3 +93,36 @@ async def test_aiohttp_app_enqueues_and_reports_status(
         assert (await response.json())["state"] == "succeeded"
         assert (await http.get("/tasks/nope")).status == 404
         assert (await http.post("/imports", json={"rows": []})).status == 400
+
+
+@pytest.mark.slow
+def test_the_testing_example_project_passes() -> None:
+    """``examples/testing`` is a user's project: its own pytest.ini and a
+    conftest.py that opts into aiogroupq's plugin; run it as they would."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        cwd=ROOT / "examples" / "testing",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    print(result.stdout[-2000:])  # noqa: T201
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert " passed" in result.stdout
+    assert "failed" not in result.stdout
+
+
+def test_the_testing_docs_quote_the_example_files_verbatim() -> None:
+    """Each code block of docs/testing.md that names an example file as its
+    first line is a verbatim excerpt of that file: the docs cannot drift."""
+    text = (ROOT / "docs" / "testing.md").read_text()
+    blocks = re.findall(
+        r"^```\w*\n# (examples/\S+)\n(.*?)^```$", text, re.MULTILINE | re.DOTALL
+    )
+    assert len(blocks) >= 5, blocks
+    for path, body in blocks:
+        source = (ROOT / path).read_text()
+        assert body.strip() in source, f"docs/testing.md quotes {path} wrongly"
