@@ -70,7 +70,11 @@ def _isatty(stream: IO[str]) -> bool:
 _TTY_EVERY: Final = 0.2
 _PLAIN_EVERY: Final = 1.0
 #: signals that stop the demo: Ctrl-C, kill, and the terminal closing
-_STOP_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_STOP_SIGNALS: Final = tuple(
+    getattr(signal, name)
+    for name in ("SIGINT", "SIGTERM", "SIGHUP")
+    if hasattr(signal, name)
+)  # (no SIGHUP on Windows)
 
 
 class StopSignals:
