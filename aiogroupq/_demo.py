@@ -255,7 +255,7 @@ def verify(jobs: Sequence[Job], journal: Sequence[bytes | str]) -> Verdict:
 
 
 #: how long workers get to stop after an interrupt before they are killed
-_INTERRUPT_PATIENCE: Final = 1.0
+_INTERRUPT_PATIENCE: Final = 0.5
 #: task states read per pipeline by the verification
 _STATE_CHUNK: Final = 2_000
 
@@ -272,8 +272,9 @@ def run_demo(
     """Run the demo; return 0 if verification passed, 1 if not, 2 on setup
     errors, 128 + the signal number when stopped by SIGINT, SIGTERM or SIGHUP.
 
-    On a stop signal the workers get a second to stop (then are killed), the
-    throwaway server is stopped and the temporary files are removed.
+    On a stop signal the workers get half a second to stop, then are told to
+    cancel their handlers, then killed; the throwaway server is stopped and
+    the temporary files are removed.
 
     :param redis_url: the server to use; ``None`` starts a throwaway one
     :param tasks: how many tasks to enqueue
