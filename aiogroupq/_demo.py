@@ -8,7 +8,13 @@ and the server's ``TIME``. The parent reads the journal after the workers have
 stopped and checks, without trusting the library's own bookkeeping: each task
 started once and ended once, a group's tasks started in enqueue order, and no
 task of a group started while another one of it was running. It also checks
-that every task's state is ``succeeded``.
+that every task's state is ``succeeded`` (read in pipelines, with progress).
+
+Progress is redrawn in place on a terminal and printed as plain lines once a
+second otherwise. SIGINT (Ctrl-C), SIGTERM and SIGHUP (a closed terminal)
+stop the run within about a second: the workers are stopped (killed if
+they linger), the throwaway server is stopped and the temporary files are
+removed; the exit status is 128 + the signal number.
 """
 
 from __future__ import annotations
@@ -23,8 +29,8 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter, defaultdict, deque
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import ExitStack, asynccontextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Final
@@ -37,8 +43,9 @@ from redis.exceptions import RedisError
 
 import aiogroupq
 
-from ._embedded import EmbeddedServer, EmbeddedServerError
+from ._demo_console import Console, Interrupted, StopSignals
 from ._keys import QueueKeys
+from ._server import ServerProcess, ServerStartError
 
 #: tasks per ``enqueue_many`` round trip
 BATCH: Final = 1_000
@@ -247,6 +254,12 @@ def verify(jobs: Sequence[Job], journal: Sequence[bytes | str]) -> Verdict:
 # -- the run ---------------------------------------------------------------------
 
 
+#: how long workers get to stop after an interrupt before they are killed
+_INTERRUPT_PATIENCE: Final = 0.5
+#: task states read per pipeline by the verification
+_STATE_CHUNK: Final = 2_000
+
+
 def run_demo(
     *,
     redis_url: str | None,
@@ -256,7 +269,12 @@ def run_demo(
     concurrency: int,
     seed: int | None = None,
 ) -> int:
-    """Run the demo; return 0 if verification passed, 1 if not, 2 on setup errors.
+    """Run the demo; return 0 if verification passed, 1 if not, 2 on setup
+    errors, 128 + the signal number when stopped by SIGINT, SIGTERM or SIGHUP.
+
+    On a stop signal the workers get half a second to stop, then are told to
+    cancel their handlers, then killed; the throwaway server is stopped and
+    the temporary files are removed.
 
     :param redis_url: the server to use; ``None`` starts a throwaway one
     :param tasks: how many tasks to enqueue
@@ -267,177 +285,229 @@ def run_demo(
     """
     seed = random.randrange(2**32) if seed is None else seed
     jobs, description = make_plan(tasks, groups, random.Random(seed))
-    print(f"workload: {description} (seed {seed})")
-    print(f"workers:  {processes} processes x {concurrency} concurrency", flush=True)
-    server = EmbeddedServer()
-    if redis_url is None:
-        try:
-            server.start()
-        except EmbeddedServerError as exc:
-            print(f"aiogroupq demo: error: {exc}", file=sys.stderr)
-            return 2
-        redis_url = server.url
-        print(f"server:   {server.binary} (throwaway) at {redis_url}", flush=True)
-    try:
-        with tempfile.TemporaryDirectory(prefix="aiogroupq-demo-") as tmp:
-            log_path = Path(tmp) / "workers.log"
-            with open(log_path, "wb") as log:
-                code = anyio.run(_run, redis_url, jobs, processes, concurrency, log)
-            if code == 1:
-                print("worker log (last lines):", file=sys.stderr)
-                lines = log_path.read_text(errors="replace").splitlines()[-20:]
-                print("\n".join(lines), file=sys.stderr)
-            return code
-    finally:
-        server.stop()
-
-
-async def _run(
-    url: str, jobs: list[Job], processes: int, concurrency: int, log: IO[bytes]
-) -> int:
-    code = 128 + signal.SIGINT
-    # Ours to handle: the workers and the server must not outlive us.
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with anyio.create_task_group() as tg:
-
-            async def interrupt() -> None:
-                async for signum in signals:
-                    sys.stderr.write(f"\n  {signum.name}: stopping\n")
-                    tg.cancel_scope.cancel()
-
-            tg.start_soon(interrupt)
-            code = await _drive(url, jobs, processes, concurrency, log)
-            tg.cancel_scope.cancel()
-    return code
-
-
-async def _drive(
-    url: str, jobs: list[Job], processes: int, concurrency: int, log: IO[bytes]
-) -> int:
+    console = Console()
     queue = f"demo-{secrets.token_hex(4)}"
-    keys = journal_keys(queue)
-    try:
-        client = redis.asyncio.Redis.from_url(url)
-    except ValueError as exc:
-        print(f"aiogroupq demo: error: {exc}", file=sys.stderr)
-        return 2
-    async with client:
+    console.say(f"workload: {description} (seed {seed})")
+    console.say(
+        f"workers:  {processes} processes x {concurrency} concurrency, queue {queue}"
+    )
+    with StopSignals(console) as stop:
         try:
-            await client.ping()
-        except (RedisError, OSError) as exc:
-            print(
-                f"aiogroupq demo: error: cannot reach the server: {exc}",
-                file=sys.stderr,
-            )
-            return 2
-        argv = [sys.executable, "-m", "aiogroupq", "worker", f"{__name__}:worker"]
-        argv += ["--queue", queue, "--redis-url", url]
-        argv += ["--processes", str(processes), "--concurrency", str(concurrency)]
-        argv += ["--parent-pid", str(os.getpid())]
-        # A session of its own: a Ctrl-C reaches only us; we stop the workers.
-        process = await anyio.open_process(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            start_new_session=True,
-        )
-        try:
-            started = anyio.current_time()
-            async with aiogroupq.Producer(client, queue=queue) as producer:
-                ids: list[str] = []
-                for at in range(0, len(jobs), BATCH):
-                    ids += await producer.enqueue_many(
-                        aiogroupq.Task(job.type, job, group=job.group)
-                        for job in jobs[at : at + BATCH]
-                    )
-                took = anyio.current_time() - started
-                print(
-                    f"enqueued: {len(ids):,} tasks in {took:.2f} s "
-                    f"({len(ids) / took:,.0f} tasks/s, batches of {BATCH:,})",
-                    flush=True,
+            with ExitStack() as stack:
+                throwaway = redis_url is None
+                if redis_url is None:
+                    try:
+                        with stop.raising():
+                            server = stack.enter_context(ServerProcess())
+                    except ServerStartError as exc:
+                        console.say(f"aiogroupq demo: error: {exc}", err=True)
+                        return 2
+                    redis_url = server.url
+                    console.say(f"server:   {server.binary} (throwaway) at {redis_url}")
+                tmp = stack.enter_context(
+                    tempfile.TemporaryDirectory(prefix="aiogroupq-demo-")
                 )
-                finished = await _follow(client, keys[2], len(ids), process)
+                log_path = Path(tmp) / "workers.log"
+                with open(log_path, "wb") as log:
+                    run = _Run(redis_url, queue, jobs, log, console, stop, throwaway)
+                    code = anyio.run(run.main, processes, concurrency)
+                if code == 1:
+                    console.say("worker log (last lines):", err=True)
+                    lines = log_path.read_text(errors="replace").splitlines()[-20:]
+                    console.say("\n".join(lines), err=True)
+                if stop.signum is None:
+                    return code
+        except Interrupted:
+            stop.announce()
+        assert stop.signum is not None
+        console.say(f"aiogroupq demo: stopped by {stop.signum.name}", err=True)
+        return 128 + stop.signum
+
+
+@dataclass
+class _Run:
+    """One demo run inside the event loop."""
+
+    url: str
+    queue: str
+    jobs: list[Job]
+    log: IO[bytes]
+    console: Console
+    stop: StopSignals
+    throwaway: bool
+
+    async def main(self, processes: int, concurrency: int) -> int:
+        with anyio.CancelScope() as scope, self.stop.cancels(scope):
+            return await self._drive(processes, concurrency)
+        return 128 + (self.stop.signum or signal.SIGINT)
+
+    async def _drive(self, processes: int, concurrency: int) -> int:
+        url, queue, jobs, say = self.url, self.queue, self.jobs, self.console.say
+        keys = journal_keys(queue)
+        try:
+            client = redis.asyncio.Redis.from_url(url)
+        except ValueError as exc:
+            say(f"aiogroupq demo: error: {exc}", err=True)
+            return 2
+        async with client:
+            try:
+                await client.ping()
+            except (RedisError, OSError) as exc:
+                say(f"aiogroupq demo: error: cannot reach the server: {exc}", err=True)
+                return 2
+            argv = [sys.executable, "-m", "aiogroupq", "worker", f"{__name__}:worker"]
+            argv += ["--queue", queue, "--redis-url", url]
+            argv += ["--processes", str(processes), "--concurrency", str(concurrency)]
+            argv += ["--parent-pid", str(os.getpid())]
+            # A session of its own: a Ctrl-C reaches only us; we stop the workers.
+            process = await anyio.open_process(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=self.log,
+                stderr=self.log,
+                start_new_session=True,
+            )
+            try:
+                started = anyio.current_time()
+                async with aiogroupq.Producer(client, queue=queue) as producer:
+                    ids: list[str] = []
+                    for at in range(0, len(jobs), BATCH):
+                        ids += await producer.enqueue_many(
+                            aiogroupq.Task(job.type, job, group=job.group)
+                            for job in jobs[at : at + BATCH]
+                        )
+                took = anyio.current_time() - started
+                say(
+                    f"enqueued: {len(ids):,} tasks in {took:.2f} s "
+                    f"({len(ids) / took:,.0f} tasks/s, batches of {BATCH:,})"
+                )
+                finished = await self._follow(client, keys[2], len(ids), process)
                 elapsed = anyio.current_time() - started
-                await _stop(process)
+                self.console.progress("stopping the workers", final=True)
+                await _stop(process, patience=60.0)
                 journal = await client.lrange(keys[1], 0, -1)
-                states = await _states(producer, ids)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await _stop(process)
-        await client.delete(*keys)
-        async for key in client.scan_iter(match=QueueKeys(queue).pattern(), count=1000):
-            await client.unlink(key)
-    verdict = verify(jobs, journal)
-    _report(verdict, len(jobs), states, elapsed)
-    problems = [
-        text
-        for ok, text in (
-            (finished, "the workers exited or stalled before the end"),
-            (process.returncode == 0, f"workers' exit status {process.returncode}"),
-            (verdict.ok, "the journal shows violations"),
-            (states == {"succeeded": len(ids)}, "not every task succeeded"),
-        )
-        if not ok
-    ]
-    print("result:   " + ("FAILED: " + "; ".join(problems) if problems else "OK"))
-    return 1 if problems else 0
+                self.console.progress(
+                    f"verifying: {len(journal):,} journal records read", final=True
+                )
+                states = await self._states(client, ids)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    interrupted = self.stop.signum is not None
+                    await _stop(
+                        process, patience=_INTERRUPT_PATIENCE if interrupted else 60.0
+                    )
+                    if not self.throwaway:  # a throwaway server goes as a whole
+                        with anyio.move_on_after(10):
+                            await self._clean_up(client)
+        verdict = verify(jobs, journal)
+        _report(verdict, len(jobs), states, elapsed, say)
+        problems = [
+            text
+            for ok, text in (
+                (finished, "the workers exited or stalled before the end"),
+                (process.returncode == 0, f"workers' exit status {process.returncode}"),
+                (verdict.ok, "the journal shows violations"),
+                (states == {"succeeded": len(ids)}, "not every task succeeded"),
+            )
+            if not ok
+        ]
+        say("result:   " + ("FAILED: " + "; ".join(problems) if problems else "OK"))
+        return 1 if problems else 0
+
+    async def _follow(
+        self, client: redis.asyncio.Redis, done_key: str, total: int, process: Process
+    ) -> bool:
+        """Show progress until every task ended; False on a stall."""
+        window: deque[tuple[float, int]] = deque()
+        last_change, last_done = anyio.current_time(), -1
+        while True:
+            done = int(await client.get(done_key) or 0)
+            now = anyio.current_time()
+            window.append((now, done))
+            while now - window[0][0] > 1.0:
+                window.popleft()
+            span = now - window[0][0]
+            rate = (done - window[0][1]) / span if span > 0 else 0.0
+            end = done >= total
+            stalled = (
+                process.returncode is not None or now - last_change > STALL_TIMEOUT
+            )
+            self.console.progress(
+                f"  running: {done:,}/{total:,} done, {rate:,.0f} tasks/s",
+                final=end or stalled,
+            )
+            if end:
+                return True
+            if done != last_done:
+                last_change, last_done = now, done
+            if stalled:
+                return False
+            await anyio.sleep(0.1)
+
+    async def _states(
+        self, client: redis.asyncio.Redis, ids: Sequence[str]
+    ) -> Counter[str]:
+        """Every task's state, read in pipelines of :data:`_STATE_CHUNK`.
+
+        (Reads the task hashes' state field as ``Producer.status`` does; a
+        batched status call of the library would replace this.)
+        """
+        keys = QueueKeys(self.queue)
+        states: Counter[str] = Counter()
+        for at in range(0, len(ids), _STATE_CHUNK):
+            part = ids[at : at + _STATE_CHUNK]
+            async with client.pipeline(transaction=False) as pipe:
+                for task_id in part:
+                    pipe.hget(keys.task(task_id), "s")
+                for state in await pipe.execute():
+                    states["unknown" if state is None else state.decode()] += 1
+            self.console.progress(
+                f"verifying: {at + len(part):,}/{len(ids):,} task states read",
+                final=at + len(part) == len(ids),
+            )
+        return states
+
+    async def _clean_up(self, client: redis.asyncio.Redis) -> None:
+        """Delete the demo's keys from a server that is not ours to drop."""
+        await client.delete(*journal_keys(self.queue))
+        deleted = 0
+        batch: list[bytes] = []
+        async for key in client.scan_iter(
+            match=QueueKeys(self.queue).pattern(), count=1000
+        ):
+            batch.append(key)
+            if len(batch) == 1000:
+                deleted += await client.unlink(*batch)
+                batch.clear()
+                self.console.progress(f"cleaning up: {deleted:,} keys deleted")
+        if batch:
+            deleted += await client.unlink(*batch)
+        self.console.progress(f"cleaning up: {deleted:,} keys deleted", final=True)
 
 
-async def _follow(
-    client: redis.asyncio.Redis, done_key: str, total: int, process: Process
-) -> bool:
-    """Show progress on stderr until every task ended; False on a stall."""
-    window: deque[tuple[float, int]] = deque()
-    last_change, last_done = anyio.current_time(), -1
-    while True:
-        done = int(await client.get(done_key) or 0)
-        now = anyio.current_time()
-        window.append((now, done))
-        while now - window[0][0] > 1.0:
-            window.popleft()
-        span = now - window[0][0]
-        rate = (done - window[0][1]) / span if span > 0 else 0.0
-        sys.stderr.write(
-            f"\r  running: {done:,}/{total:,} done, {rate:,.0f} tasks/s   "
-        )
-        sys.stderr.flush()
-        if done >= total:
-            sys.stderr.write("\n")
-            return True
-        if done != last_done:
-            last_change, last_done = now, done
-        if process.returncode is not None or now - last_change > STALL_TIMEOUT:
-            sys.stderr.write("\n")
-            return False
-        await anyio.sleep(0.2)
-
-
-async def _stop(process: Process) -> None:
-    if process.returncode is not None:
-        return
-    process.terminate()  # the supervisor forwards it: a graceful stop
-    with anyio.move_on_after(60):
-        await process.wait()
-        return
-    process.kill()
+async def _stop(process: Process, *, patience: float) -> None:
+    """Stop the workers: SIGTERM (the supervisor forwards it and each worker
+    finishes its running handlers), again after *patience* (they cancel
+    them), then SIGKILL."""
+    for signum in (signal.SIGTERM, signal.SIGTERM, signal.SIGKILL):
+        if process.returncode is not None:
+            return
+        with suppress(ProcessLookupError):
+            process.send_signal(signum)
+        with anyio.move_on_after(patience):
+            await process.wait()
+            return
+        patience = 1.0
     await process.wait()
 
 
-async def _states(producer: aiogroupq.Producer, ids: Sequence[str]) -> Counter[str]:
-    states: Counter[str] = Counter()
-
-    async def read(part: Sequence[str]) -> None:
-        for task_id in part:
-            states[str(await producer.status(task_id))] += 1
-
-    async with anyio.create_task_group() as tg:
-        for k in range(16):  # a few round trips in flight, not 20,000
-            tg.start_soon(read, ids[k::16])
-    return states
-
-
-def _report(verdict: Verdict, total: int, states: Counter[str], elapsed: float) -> None:
+def _report(
+    verdict: Verdict,
+    total: int,
+    states: Counter[str],
+    elapsed: float,
+    say: Callable[[str], None],
+) -> None:
     rate = verdict.ran / verdict.span_s if verdict.span_s else 0.0
     span = f"{verdict.span_s:.2f} s"
     for label, value in (
@@ -451,4 +521,4 @@ def _report(verdict: Verdict, total: int, states: Counter[str], elapsed: float) 
         ("throughput", f"{rate:,.0f} tasks/s (first start to last end: {span})"),
         ("elapsed", f"{elapsed:.2f} s (first enqueue to last end)"),
     ):  # fmt: skip
-        print(f"{label + ':':<26}{value}")
+        say(f"{label + ':':<26}{value}")

