@@ -307,6 +307,9 @@ async def _read_all(client: Redis, key: str, kind: str) -> list[Any] | None:
 
 async def _types(client: Redis, names: Sequence[str]) -> list[str]:
     replies = await _run(client, [("TYPE", (_raw(name),)) for name in names])
+    for reply in replies:
+        if isinstance(reply, Exception):  # e.g. NOPERM: no snapshot to judge
+            raise reply
     return [_text(r) for r in replies]
 
 

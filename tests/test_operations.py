@@ -20,7 +20,15 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTED_QUEUE = "imports"
 DOCUMENTED_USER = "aiogroupq-imports"
 #: what aiogroupq check needs on top of the rule
-CHECK_EXTRA = ("+scan", "+lrange", "+hlen")
+CHECK_EXTRA = tuple(
+    re.findall(
+        r"\+[a-z|]+",
+        re.findall(
+            r"`aiogroupq check` \(`check_queue`\) also needs.*",
+            (ROOT / "docs/operations.md").read_text(),
+        )[0],
+    )
+)
 
 
 def documented_rule() -> list[str]:

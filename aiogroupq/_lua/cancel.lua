@@ -25,7 +25,7 @@ local bad = check_fixed({ K_DELAYED, 'zset', GROUP_KEYS[1], GROUP_KEYS[2], GROUP
 if bad then return bad end
 local key = k_task(id)
 local f = redis.pcall('HMGET', key, 's', 'g')
-if is_err(f) then return corrupt(key, f.err) end
+if wrong_type(f) then return corrupt(key, f.err) end
 local state, g = f[1], f[2]
 if not state then return 0 end
 if state == 'running' then
@@ -45,7 +45,7 @@ local now = now_ms()
 local readied = 0
 if m then -- it holds a slot: leave the place it holds it in, pass the slot on
   if m == '~' then
-    if is_err(redis.pcall('LREM', k_held(g), 1, id)) then return corrupt(k_held(g), 'not a list') end
+    if wrong_type(redis.pcall('LREM', k_held(g), 1, id)) then return corrupt(k_held(g), 'not a list') end
     bump('held', -1)
   elseif m == 'r' then
     redis.call('ZREM', K_DELAYED, id)
@@ -60,7 +60,7 @@ elseif state == 'delayed' then
   conclude(id, 'cancelled', now, retention)
 elseif G then -- in its group's line
   local removed = redis.pcall('LREM', k_park(g), 1, id)
-  if is_err(removed) then return corrupt(k_park(g), removed.err) end
+  if wrong_type(removed) then return corrupt(k_park(g), removed.err) end
   if removed == 1 then
     G.w, G.dirty = G.w - 1, true
     bump('parked', -1)

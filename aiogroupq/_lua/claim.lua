@@ -82,7 +82,7 @@ local last = redis.call('GET', last_key)
 if last and string.sub(last, 1, #nonce + 1) == nonce .. ':' then
   for id in string.gmatch(string.sub(last, #nonce + 2), '[^,]+') do
     local f = redis.pcall('HMGET', k_task(id), 'e', 'a', 'k', 's', 'c', 'dt')
-    if not is_err(f) and f[4] == 'running' and f[5] == consumer then
+    if not wrong_type(f) and f[4] == 'running' and f[5] == consumer then
       for _, v in ipairs({ id, f[1], tonumber(f[2]), tonumber(f[3]), tonumber(f[6]) or now }) do
         out[#out + 1] = v
       end
@@ -102,7 +102,7 @@ for _, id in ipairs(redis.call('ZRANGEBYSCORE', K_LEASES, '-inf', now, 'LIMIT', 
 end
 
 local function bury_damaged(id, G, holder, what)
-  readied = readied + bury(id, G, holder, now, damaged(what), '')
+  readied = readied + bury(id, G, holder, now, damage_reason(what), '')
   dead_ids[#dead_ids + 1] = id
 end
 
@@ -128,7 +128,7 @@ local function promote(id)
   end
   local key = k_task(id)
   local f = redis.pcall('HMGET', key, 'g', 's', 'a', 'xp', 'p', 'e', 'm')
-  if is_err(f) then
+  if wrong_type(f) then
     problems[#problems + 1] = key .. ' is not a task hash (' .. f.err .. '): delayed entry dropped'
     return
   end
@@ -178,7 +178,7 @@ local ids, claimed, first_token = {}, 0, nil
 local function take(id)
   local key = k_task(id)
   local f = redis.pcall('HMGET', key, 'e', 'g', 's', 'a', 'm', 'xp', 'dt')
-  if is_err(f) then
+  if wrong_type(f) then
     problems[#problems + 1] = key .. ' is not a task hash (' .. f.err .. '): ready entry dropped'
     return
   end
@@ -195,7 +195,7 @@ local function take(id)
   if G then
     if not m then -- an entry the scripts did not mark: only a damaged queue has one
       if not has_room(G) then
-        if is_err(redis.pcall('RPUSH', k_park(g), id)) then
+        if wrong_type(redis.pcall('RPUSH', k_park(g), id)) then
           return bury_damaged(id, G, false, 'the line of group ' .. g .. ' is damaged')
         end
         G.w, G.dirty = G.w + 1, true

@@ -38,7 +38,7 @@ if op == 'group' then
   local g = ARGV[3]
   local key = k_gconf(g)
   local cur = redis.pcall('HGET', key, 'p')
-  if is_err(cur) then return corrupt(key, cur.err) end
+  if wrong_type(cur) then return corrupt(key, cur.err) end
   redis.call('DEL', key)
   local fields = {}
   for i, name in ipairs({ 'c', 'rn', 'rp', 'mx', 'pr' }) do
@@ -60,7 +60,7 @@ if op == 'group' then
 elseif op == 'pause' or op == 'resume' then
   local g = ARGV[3]
   local key = k_gconf(g)
-  if is_err(redis.pcall('HLEN', key)) then return corrupt(key, 'not a hash') end
+  if wrong_type(redis.pcall('HLEN', key)) then return corrupt(key, 'not a hash') end
   if op == 'pause' then
     redis.call('HSET', key, 'p', 1)
     redis.call('SADD', K_PAUSED, g)

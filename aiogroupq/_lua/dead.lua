@@ -32,7 +32,7 @@ local function requeue(id, key, g, u)
     G = group(g)
     if not G then return false end
     if G.halted ~= id and not has_room(G)
-        and is_err(redis.pcall('LLEN', k_park(g))) then return false end
+        and wrong_type(redis.pcall('LLEN', k_park(g))) then return false end
   end
   redis.call('ZREM', K_DEAD, id)
   redis.call('HDEL', key, 'x', 'tb', 'ft', 'f', 'k', 'cx', 'w')
@@ -81,7 +81,7 @@ for i = 3, #ARGV do
     local id = ARGV[i]
     local key = k_task(id)
     local f = redis.pcall('HMGET', key, 's', 'g', 'u')
-    if is_err(f) then
+    if wrong_type(f) then
       if op == 'purge' then redis.call('ZREM', K_DEAD, id) end
     elseif f[1] == 'dead' then
       if op == 'purge' then

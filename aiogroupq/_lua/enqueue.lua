@@ -66,14 +66,14 @@ for i = 0, n - 1 do
   local p = { id = id, out = id, new = true, g = g ~= '' and g or nil, dkey = dkey }
   if sched ~= '' then
     local last = redis.pcall('GET', PREFIX .. 'sched:' .. sched)
-    if is_err(last) then return corrupt(PREFIX .. 'sched:' .. sched, last.err) end
+    if wrong_type(last) then return corrupt(PREFIX .. 'sched:' .. sched, last.err) end
     if (tonumber(last) or -1) >= tonumber(ARGV[b + 12]) then p.new, p.out = false, '' end
   end
   if p.new and dkey ~= '' then
     local first = seen[dkey]
     if not first then
       first = redis.pcall('GET', k_dedup(dkey))
-      if is_err(first) then return corrupt(k_dedup(dkey), first.err) end
+      if wrong_type(first) then return corrupt(k_dedup(dkey), first.err) end
     end
     if first and first ~= id then p.new, p.out = false, first end
   end
@@ -97,7 +97,7 @@ end
 -- A group that may queue tasks in its line: is the line's key usable?
 for g, count in pairs(adds) do
   local G = GROUPS[g]
-  if (count > 1 or not has_room(G)) and is_err(redis.pcall('LLEN', k_park(g))) then
+  if (count > 1 or not has_room(G)) and wrong_type(redis.pcall('LLEN', k_park(g))) then
     return redis.error_reply('ERR aiogroupq group-corrupt ' .. first_of[g])
   end
 end

@@ -73,7 +73,7 @@ local function apply(id, token, kind, arg1, arg2, f)
         conclude(id, kind == 'ok' and 'succeeded' or 'cancelled', now, retention, f[7] ~= false, token)
       else
         redis.call('HSET', key, 'f', token)
-        bury(id, nil, false, now, damaged('a key of group ' .. g .. ' is damaged'), arg2)
+        bury(id, nil, false, now, damage_reason('a key of group ' .. g .. ' is damaged'), arg2)
       end
       return 4
     end
@@ -116,7 +116,7 @@ for i = 0, n - 1 do
   local b = 4 + 5 * i
   local id, token = ARGV[b], ARGV[b + 1]
   local f = redis.pcall('HMGET', k_task(id), 'k', 's', 'g', 'c', 'f', 'cx', 'w', 'p')
-  if is_err(f) then
+  if wrong_type(f) then
     codes[#codes + 1] = 5
   elseif f[1] == token and f[2] == 'running' then
     codes[#codes + 1] = apply(id, token, ARGV[b + 2], ARGV[b + 3], ARGV[b + 4], f)

@@ -22,7 +22,7 @@ local codes = {}
 for b = 3, #ARGV, 2 do
   local id = ARGV[b]
   local f = redis.pcall('HMGET', k_task(id), 'k', 's', 'cx')
-  if not is_err(f) and f[1] == ARGV[b + 1] and f[2] == 'running' then
+  if not wrong_type(f) and f[1] == ARGV[b + 1] and f[2] == 'running' then
     redis.call('ZADD', K_LEASES, 'XX', deadline, id)
     codes[#codes + 1] = f[3] and 2 or 1
   else

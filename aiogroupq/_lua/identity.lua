@@ -21,7 +21,7 @@ if not ttl then
   return redis.error_reply('ERR aiogroupq identity: malformed arguments')
 end
 local holder = redis.pcall('GET', key)
-if is_err(holder) then return corrupt(key, holder.err) end
+if wrong_type(holder) then return corrupt(key, holder.err) end
 if (op == 'force' and holder == ARGV[5])
     or ((op == 'take' or op == 'renew') and (not holder or holder == me)) then
   redis.call('SET', key, me, 'PX', ttl)

@@ -11,7 +11,7 @@
 
 local key = k_task(ARGV[2])
 local f = redis.pcall('HMGET', key, 's', 'r', 'x')
-if is_err(f) then return corrupt(key, f.err) end
+if wrong_type(f) then return corrupt(key, f.err) end
 if not f[1] then return {} end
 if f[1] == 'queued' or f[1] == 'delayed' or f[1] == 'running' then
   redis.call('HSET', key, 'w', 1)

@@ -56,7 +56,14 @@ local function now_ms(up)
   return NOW
 end
 
-local function is_err(reply) return type(reply) == 'table' and reply.err ~= nil end
+-- Whether a pcall'd reply says its key holds another type: damage the caller
+-- reports or works around. Any other failure (an ACL refusal, say) is not
+-- damage, and fails the script as it would without pcall.
+local function wrong_type(reply)
+  if type(reply) ~= 'table' or reply.err == nil then return false end
+  if string.find(reply.err, 'WRONGTYPE', 1, true) then return true end
+  error(reply)
+end
 
 -- The reply for a damaged key found before any write; _scripts.py turns it
 -- into CorruptQueueError.
@@ -64,13 +71,21 @@ local function corrupt(key, why)
   return redis.error_reply('ERR aiogroupq corrupt ' .. key .. ': ' .. tostring(why))
 end
 
--- Read each (key, type) pair with a command of that type: a key of another
--- type is reported before the script writes anything.
-local PROBE = { list = 'LLEN', zset = 'ZCARD', hash = 'HLEN', set = 'SCARD', string = 'GET' }
+-- Read a key with a command of its expected type.
+local function probe(key, kind)
+  if kind == 'list' then return redis.pcall('LLEN', key) end
+  if kind == 'zset' then return redis.pcall('ZCARD', key) end
+  if kind == 'hash' then return redis.pcall('HLEN', key) end
+  if kind == 'set' then return redis.pcall('SCARD', key) end
+  return redis.pcall('GET', key)
+end
+
+-- Probe each (key, type) pair: a key of another type is reported before
+-- the script writes anything.
 local function preflight(pairs_)
   for i = 1, #pairs_, 2 do
-    local reply = redis.pcall(PROBE[pairs_[i + 1]], pairs_[i])
-    if is_err(reply) then return corrupt(pairs_[i], reply.err) end
+    local reply = probe(pairs_[i], pairs_[i + 1])
+    if wrong_type(reply) then return corrupt(pairs_[i], reply.err) end
   end
   return nil
 end

@@ -19,7 +19,7 @@ local function notify(id, key, waited)
   if waited == nil then waited = redis.call('HEXISTS', key, 'w') == 1 end
   if waited then
     local done = k_done(id)
-    if not is_err(redis.pcall('RPUSH', done, '1')) then
+    if not wrong_type(redis.pcall('RPUSH', done, '1')) then
       redis.call('PEXPIRE', done, 300000)
     end
   end
@@ -73,7 +73,7 @@ local function bury(id, G, holder, now, reason, trace, halt_it)
 end
 
 -- The reason a task with damaged keys is dead-lettered with.
-local function damaged(what)
+local function damage_reason(what)
   return 'Corrupt: ' .. what .. ' (run "aiogroupq check --repair")'
 end
 
@@ -95,14 +95,14 @@ local function recover(id, now, why, counted, retention)
   local key = k_task(id)
   local f = redis.pcall('HMGET', key, 'g', 'a', 'm', 'c', 's', 'cx', 'p')
   redis.call('ZREM', K_LEASES, id)
-  if is_err(f) then return nil, key .. ' is not a task hash (' .. f.err .. ')' end
+  if wrong_type(f) then return nil, key .. ' is not a task hash (' .. f.err .. ')' end
   if f[4] then redis.pcall('SREM', k_inflight(f[4]), id) end
   if f[5] ~= 'running' then return nil end
   local g = f[1]
   local G = g and group(g)
   redis.call('HDEL', key, 'c')
   if g and not G then
-    bury(id, nil, false, now, damaged('a key of group ' .. g .. ' is damaged'), '')
+    bury(id, nil, false, now, damage_reason('a key of group ' .. g .. ' is damaged'), '')
     return 'dead', 'a key of group ' .. g .. ' is damaged'
   end
   if f[6] then

@@ -41,7 +41,7 @@ local function group(g)
   local key = k_group(g)
   local st = redis.pcall('HMGET', key, 'k', 'd', 'w', '!')
   local k, d, w
-  if not is_err(st) then
+  if not wrong_type(st) then
     k, d, w = tonumber(st[1] or 0), tonumber(st[2] or 0), tonumber(st[3] or 0)
   end
   if not (k and d and w) then
@@ -54,7 +54,7 @@ local function group(g)
   G.existed = k > 0 or d > 0 or w > 0 or G.halted ~= nil
   if c.gconf then
     local cf = redis.pcall('HMGET', k_gconf(g), 'c', 'rn', 'rp', 'mx', 'pr', 'p')
-    if is_err(cf) then
+    if wrong_type(cf) then
       GROUPS[g] = false
       return false
     end
@@ -132,7 +132,7 @@ local function route(id, G, level)
     ready_push(id, false, group_level(G, level))
     return 'ready'
   end
-  if is_err(redis.pcall('RPUSH', k_park(G.name), id)) then return nil end
+  if wrong_type(redis.pcall('RPUSH', k_park(G.name), id)) then return nil end
   G.w, G.dirty = G.w + 1, true
   bump('parked', 1)
   return 'parked'
@@ -147,7 +147,7 @@ local function fill(G)
   local n = 0
   while G.k < G.limit and G.w > 0 do
     local nxt = redis.pcall('LPOP', k_park(G.name))
-    if is_err(nxt) then break end -- a damaged line stays as it is: check reports it
+    if wrong_type(nxt) then break end -- a damaged line stays as it is: check reports it
     if not nxt then -- the count was off: trust the list
       bump('parked', -G.w)
       G.w, G.dirty = 0, true
@@ -183,7 +183,7 @@ end
 -- aside, in order; false if the held list's key is damaged (nothing
 -- written).
 local function shelve(G, id)
-  if is_err(redis.pcall('RPUSH', k_held(G.name), id)) then return false end
+  if wrong_type(redis.pcall('RPUSH', k_held(G.name), id)) then return false end
   set_mark(G, id, '~')
   bump('held', 1)
   return true
@@ -196,7 +196,7 @@ local function unshelve(G)
   local held = k_held(G.name)
   local ids = redis.pcall('LRANGE', held, 0, -1)
   local n = 0
-  if not is_err(ids) and #ids > 0 then
+  if not wrong_type(ids) and #ids > 0 then
     redis.call('DEL', held)
     bump('held', -#ids)
     for i = #ids, 1, -1 do -- front pushes in reverse keep the order
@@ -231,7 +231,7 @@ end
 local function rate_wait(G, now)
   local key = k_rate(G.name)
   local n = redis.pcall('LLEN', key)
-  if is_err(n) then return nil end
+  if wrong_type(n) then return nil end
   if n < G.rn then return 0 end
   local nth = tonumber(redis.call('LINDEX', key, n - G.rn)) or 0
   local free_at = nth + G.rp

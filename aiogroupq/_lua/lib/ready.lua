@@ -29,7 +29,7 @@ end
 local function level_of(id)
   if not conf().prio then return 0 end
   local p = redis.pcall('HGET', k_task(id), 'p')
-  if is_err(p) then return 0 end
+  if wrong_type(p) then return 0 end
   return tonumber(p) or 0
 end
 
