@@ -8,6 +8,10 @@ cancel, dead, wait, identity) carry ``allow-oom``. The SHA is computed locally, 
 ``NOSCRIPT`` reply (``SCRIPT FLUSH``, a restart, a failover) costs one
 ``SCRIPT LOAD`` and one retry, which is always safe because the script did not
 run.
+
+Replies are read here too, and they carry bytes that anything with access to
+Redis may have written: what is decoded for display (ids, states, reasons)
+is decoded leniently and never raises.
 """
 
 from __future__ import annotations
@@ -253,7 +257,7 @@ async def identity(
 async def task_state(client: Redis, keys: QueueKeys, task_id: str) -> str | None:
     """The state field of a task's hash, or None if there is no such task."""
     state: Any = await client.hget(keys.task(task_id), "s")
-    return None if state is None else bytes(state).decode()
+    return None if state is None else _text(state)
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,7 +277,7 @@ async def dead_rows(client: Redis, keys: QueueKeys, limit: int) -> list[DeadRow]
     entries: Any = await client.zrange(keys.dead, 0, limit - 1, withscores=True)
     async with client.pipeline(transaction=False) as pipe:
         for task_id, _ in entries:
-            pipe.hmget(keys.task(task_id.decode()), "e", "x", "tb", "a")
+            pipe.hmget(_task_key(keys, task_id), "e", "x", "tb", "a")
         rows: list[list[Any]] = await pipe.execute()
     out = []
     for (task_id, score), (env, reason, trace, attempts) in zip(
@@ -282,15 +286,36 @@ async def dead_rows(client: Redis, keys: QueueKeys, limit: int) -> list[DeadRow]
         if env is not None:  # else purged between the two reads
             out.append(
                 DeadRow(
-                    task_id.decode(),
+                    _text(task_id),
                     float(score),
-                    env,
-                    (reason or b"").decode(errors="replace"),
-                    (trace or b"").decode(errors="replace"),
-                    int(attempts or 0),
+                    bytes(env),
+                    _text(reason or b""),
+                    _text(trace or b""),
+                    _count(attempts),
                 )
             )
     return out
+
+
+def _text(value: Any) -> str:
+    """Stored bytes as text for display; invalid UTF-8 shows as U+FFFD."""
+    return bytes(value).decode(errors="replace")
+
+
+def _count(value: Any) -> int:
+    """A stored counter, 0 if it is missing or not an integer."""
+    try:
+        return int(value or 0)
+    except ValueError:
+        return 0
+
+
+def _task_key(keys: QueueKeys, task_id: bytes) -> bytes:
+    # The key of a stored id exactly as stored, even if it is not UTF-8:
+    # surrogateescape gives back the original bytes.
+    return keys.task(task_id.decode(errors="surrogateescape")).encode(
+        errors="surrogateescape"
+    )
 
 
 LOST: Final = 0
@@ -354,15 +379,15 @@ async def wait_done(
         row: Any = await WAIT(client, keys, (), (task_id,))
         if not row:
             return None, None, ""
-        state = bytes(row[0]).decode()
+        state = _text(row[0])
         if state not in ("queued", "delayed", "running"):
-            reason = bytes(row[2]).decode(errors="replace") if row[2] else ""
+            reason = _text(row[2]) if row[2] else ""
             return state, row[1] or None, reason
         left = deadline - time.monotonic()
         if left <= 0:
             return state, None, ""
         if await client.blpop([done], timeout=min(left, block_cap)) is not None:
             row = await WAIT(client, keys, (), (task_id,))
-            if row and bytes(row[0]).decode() not in ("queued", "delayed", "running"):
+            if row and _text(row[0]) not in ("queued", "delayed", "running"):
                 await client.rpush(done, "1")  # for the other waiters
             # else a stale token (a dead letter requeued since): dropped

@@ -13,6 +13,8 @@ The hierarchy::
     ├── TaskFailedError             the awaited task was dead-lettered
     ├── TaskCancelledError          the awaited task was cancelled
     ├── NoResultError               the awaited task's type stores no result
+    ├── InvalidResultError          a stored result does not decode into result_type
+    ├── CorruptTaskError            a task's stored fields are not what aiogroupq writes
     ├── QueueFullError              Redis is out of memory and refused new work
     └── RedisUnavailableError       Redis could not be reached within the budget
 
@@ -24,7 +26,9 @@ from __future__ import annotations
 __all__ = (
     "AiogroupqError",
     "ConfigurationError",
+    "CorruptTaskError",
     "InvalidGroupError",
+    "InvalidResultError",
     "InvalidTaskError",
     "NoResultError",
     "PayloadTooLargeError",
@@ -180,3 +184,34 @@ class Retry(Exception):  # a control-flow signal, like anyio's WouldBlock
             raise ValueError(f"Retry delay must be >= 0 seconds, got {delay!r}")
         super().__init__(delay)
         self.delay: float | None = delay
+
+
+class InvalidResultError(AiogroupqError, ValueError):
+    """The awaited task succeeded, but its stored result does not decode into
+    the ``result_type`` asked for (or its bytes are not valid MessagePack).
+
+    :ivar task_id: the task
+    :ivar reason: what the decoder said
+    """
+
+    def __init__(self, task_id: str, result_type: object, reason: str) -> None:
+        shown = getattr(result_type, "__name__", None) or repr(result_type)
+        super().__init__(
+            f"the result of task {task_id!r} does not decode into {shown}: {reason}"
+        )
+        self.task_id = task_id
+        self.reason = reason
+
+
+class CorruptTaskError(AiogroupqError):
+    """A task's stored fields are not something aiogroupq writes (for example
+    an unknown state): the task hash was changed by something else.
+
+    :ivar task_id: the task
+    :ivar detail: what was found
+    """
+
+    def __init__(self, task_id: str, detail: str) -> None:
+        super().__init__(f"task {task_id!r} has corrupt stored data: {detail}")
+        self.task_id = task_id
+        self.detail = detail
