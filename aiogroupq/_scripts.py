@@ -4,10 +4,12 @@ Each ``_lua/<name>.lua`` is prefixed with ``_lua/_lib.lua`` and read once at
 import. Its first line is a ``#!lua`` shebang: scripts that add work (enqueue,
 claim) have no flags, so that under ``maxmemory`` Redis refuses them before
 they write anything; scripts that let work finish (finish, heartbeat, recover,
-cancel, dead, wait, identity) carry ``allow-oom``. The SHA is computed locally, so the hot path is a single EVALSHA; a
-``NOSCRIPT`` reply (``SCRIPT FLUSH``, a restart, a failover) costs one
-``SCRIPT LOAD`` and one retry, which is always safe because the script did not
-run.
+cancel, dead, wait, identity) carry ``allow-oom``. The SHA is computed
+locally, so the hot path is a single EVALSHA. A ``NOSCRIPT`` reply
+(``SCRIPT FLUSH``, a restart, a failover) means the script did not run; the
+call is then sent again as EVAL with the whole source, which cannot answer
+``NOSCRIPT`` however often the cache is flushed, and the script is loaded
+again so that later calls go back to EVALSHA.
 
 Replies are read here too, and they carry bytes that anything with access to
 Redis may have written: what is decoded for display (ids, states, reasons)
@@ -84,8 +86,15 @@ class Script:
             try:
                 return await client.evalsha(self.sha, len(all_keys), *all_keys, *argv)
             except NoScriptError:
-                await client.script_load(self.source)
-                return await client.evalsha(self.sha, len(all_keys), *all_keys, *argv)
+                pass
+            # Not run. Loading first and retrying EVALSHA can meet a second
+            # flush in between (SCRIPT FLUSH on a timer does it); EVAL carries
+            # the source, so it runs whatever the cache holds. The load keeps
+            # the script cached for the next calls; EVAL alone may not (newer
+            # Redis versions evict scripts that only EVAL brought in).
+            await client.script_load(self.source)
+            source = self.source.decode()
+            return await client.eval(source, len(all_keys), *all_keys, *argv)
         except OutOfMemoryError as exc:  # refused before it ran: nothing written
             raise QueueFullError(str(exc)) from exc
 
