@@ -11,9 +11,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
 import anyio
-import msgspec
 
-from ._codec import encode_payload, unpack
+from ._codec import EncodeFailure, describe_decode_error, encode_payload, unpack
 from ._scripts import Claimed, Outcome
 from .errors import Retry
 from .task import DeadLetter, Envelope, TaskInfo, _current
@@ -25,6 +24,9 @@ logger = logging.getLogger("aiogroupq.consumer")
 
 #: longest traceback kept with a dead letter, in characters
 MAX_TRACEBACK: Final = 16_000
+#: what an envelope adds to its payload at most: a 28-character id, a task
+#: type and a group of at most 256 bytes each, a few integers, headers
+ENVELOPE_OVERHEAD: Final = 1024
 
 
 @dataclass(eq=False)
@@ -70,8 +72,13 @@ class _Attempt:
 
     def __init__(self, running: Running, submit: Submit) -> None:
         self.claimed = running.claimed
-        self.submit = submit
+        self._submit = submit
         self.envelope: Envelope | None = None
+        self.sent = False  # an outcome was submitted for this attempt
+
+    def submit(self, outcome: Outcome, notice: DeadLetter | None) -> None:
+        self.sent = True
+        self._submit(outcome, notice)
 
     def extra(self) -> dict[str, object]:
         group = self.envelope.group if self.envelope else None
@@ -98,6 +105,22 @@ class _Attempt:
         kind = "halt" if halt and envelope and envelope.group else "dead"
         self.submit(Outcome(claimed.id, claimed.token, kind, reason, trace), notice)
 
+    def too_large(self, size: int, what: str, limit: int) -> None:
+        """Dead-letter a task too large to decode (never halts: the size
+        limit is the consumer's, not the task type's)."""
+        logger.error(
+            "task %s is too large: %s of %d bytes, over the consumer's limit",
+            self.claimed.id,
+            what,
+            size,
+        )
+        allowed = f"{limit}" if what == "payload" else f"{limit} + {ENVELOPE_OVERHEAD}"
+        self.dead(
+            f"PayloadTooLarge: the stored {what} is {size} bytes, over the "
+            f"{allowed} bytes this consumer's max_payload_bytes allows (raise "
+            "Consumer(max_payload_bytes=...) to match the producer's)"
+        )
+
     def failed(
         self,
         route: Route,
@@ -120,13 +143,14 @@ class _Attempt:
             )
             self.dead(_reason(exc), _trace(exc), halt=halt)
             return
-        if claimed.attempt >= envelope.max_attempts:
+        max_attempts = claimed.max_attempts or envelope.max_attempts
+        if claimed.attempt >= max_attempts:
             retry = isinstance(exc, Retry)
             logger.error(
                 "task %s failed on its last attempt (%d of %d); dead-lettered",
                 claimed.id,
                 claimed.attempt,
-                envelope.max_attempts,
+                max_attempts,
                 exc_info=None if retry else exc,
                 extra=self.extra(),
             )
@@ -152,7 +176,7 @@ class _Attempt:
                 "task %s failed (attempt %d of %d); retrying in %.3fs",
                 claimed.id,
                 claimed.attempt,
-                envelope.max_attempts,
+                max_attempts,
                 delay,
                 exc_info=exc,
                 extra=self.extra(),
@@ -165,46 +189,98 @@ async def run_task(
     routes: dict[str, Route],
     policy: RetryPolicy,
     submit: Submit,
+    *,
+    max_payload_bytes: int,
 ) -> None:
     """Run one claimed task and submit its outcome.
 
-    Never raises for anything the task does, except the cancellation of the
-    consumer itself (shutdown), after handing the task back.
+    Never raises for anything the task does or holds, except the cancellation
+    of the consumer itself (shutdown), after handing the task back: whatever
+    its stored bytes are, the task gets an outcome and the consumer goes on.
     """
     attempt = _Attempt(running, submit)
+    try:
+        await _run(attempt, running, routes, policy, max_payload_bytes)
+    except Exception as exc:
+        # A bug of ours, met by this task only: fail the task, not the
+        # consumer (a crash would come back on every claim of it).
+        logger.exception(
+            "internal error while running task %s",
+            running.claimed.id,
+            extra=attempt.extra(),
+        )
+        if not attempt.sent:
+            attempt.dead(f"InternalError: {_reason(exc)}", _trace(exc))
+
+
+def _out_of_range(envelope: Envelope) -> str:
+    """What a producer never writes but well-formed bytes can hold ("" if
+    nothing): the attempt logic relies on these bounds."""
+    if envelope.max_attempts < 1:
+        return f"max_attempts is {envelope.max_attempts}, not >= 1"
+    if envelope.timeout_ms is not None and envelope.timeout_ms < 1:
+        return f"timeout_ms is {envelope.timeout_ms}, not >= 1"
+    return ""
+
+
+def _short(text: str, limit: int = 200) -> str:
+    shown = repr(text)
+    return shown if len(shown) <= limit else f"{shown[:limit]}… ({len(text)} chars)"
+
+
+async def _run(
+    attempt: _Attempt,
+    running: Running,
+    routes: dict[str, Route],
+    policy: RetryPolicy,
+    max_payload_bytes: int,
+) -> None:
     claimed = running.claimed
+    # Checked before decoding: decoding cost grows with size.
+    if len(claimed.envelope) > max_payload_bytes + ENVELOPE_OVERHEAD:
+        attempt.too_large(len(claimed.envelope), "envelope", max_payload_bytes)
+        return
     try:
         envelope = attempt.envelope = unpack(claimed.envelope)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        logger.error("task %s has a corrupt envelope: %s", claimed.id, exc)
-        attempt.dead(f"CorruptEnvelope: {exc}")
+    except Exception as exc:  # noqa: BLE001 - any bytes at all may be stored
+        detail = describe_decode_error(exc)
+        logger.error("task %s has a corrupt envelope: %s", claimed.id, detail)
+        attempt.dead(f"CorruptEnvelope: {detail}")
+        return
+    if len(envelope.payload) > max_payload_bytes:
+        attempt.too_large(len(envelope.payload), "payload", max_payload_bytes)
+        return
+    if problem := _out_of_range(envelope):
+        logger.error("task %s has a corrupt envelope: %s", claimed.id, problem)
+        attempt.dead(f"CorruptEnvelope: {problem}")
         return
     route = routes.get(envelope.type)
     if route is None:
         logger.error(
-            "no handler for task type %r (task %s)",
-            envelope.type,
+            "no handler for task type %s (task %s)",
+            _short(envelope.type),
             claimed.id,
             extra=attempt.extra(),
         )
         attempt.dead(
-            f"UnknownTaskType: no handler for task type {envelope.type!r}; "
+            f"UnknownTaskType: no handler for task type {_short(envelope.type)}; "
             f"this consumer handles {sorted(routes)!r}"
         )
         return
     try:
         payload = route.decoder.decode(envelope.payload)
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+    except Exception as exc:  # noqa: BLE001 - also a dataclass's __post_init__
+        detail = describe_decode_error(exc)
         logger.error(
             "payload of task %s does not decode into %s: %s",
             claimed.id,
             route.describe_type(),
-            exc,
+            detail,
             extra=attempt.extra(),
         )
         attempt.dead(
             f"InvalidPayload: payload does not decode into {route.describe_type()}: "
-            f"{exc}",
+            f"{detail}",
             halt=route.options.on_dead == "halt",
         )
         return
@@ -226,7 +302,9 @@ async def run_task(
             type=envelope.type,
             group=envelope.group,
             attempt=claimed.attempt,
-            max_attempts=envelope.max_attempts,
+            # The hash's count, which recovery goes by too (the envelope's
+            # is what the producer wrote; they differ only if one was changed).
+            max_attempts=claimed.max_attempts or envelope.max_attempts,
             fencing_token=claimed.token,
             enqueued_at=envelope.enqueued_ms / 1000,
         )
@@ -275,7 +353,13 @@ async def run_task(
     elif route.options.store_result:
         try:
             encoded = encode_payload(result)
-        except (TypeError, msgspec.EncodeError, OverflowError) as exc:
+        except EncodeFailure as exc:
+            logger.error(
+                "result of task %s cannot be stored: %s; dead-lettered",
+                claimed.id,
+                exc,
+                extra=attempt.extra(),
+            )
             attempt.dead(
                 f"UnencodableResult: {exc}", halt=route.options.on_dead == "halt"
             )

@@ -6,13 +6,18 @@ helpers it includes itself), and is read once at import. Its first line is a
 ``#!lua`` shebang: enqueue has no flags, so that under ``maxmemory`` Redis
 refuses it before it writes anything; every other script carries
 ``allow-oom``, so that work already queued keeps draining. The SHA is computed
-locally, so the hot path is a single EVALSHA; a ``NOSCRIPT`` reply
-(``SCRIPT FLUSH``, a restart, a failover) costs one ``SCRIPT LOAD`` and one
-retry, which is always safe because the script did not run.
+locally, so the hot path is a single EVALSHA. A ``NOSCRIPT`` reply
+(``SCRIPT FLUSH``, a restart, a failover) means the script did not run; the
+call is then sent again as EVAL with the whole source, which cannot answer
+``NOSCRIPT`` however often the cache is flushed, and the script is loaded
+again so that later calls go back to EVALSHA.
 
 A script that meets a damaged key answers before writing anything; the
 error's text says which key, and :func:`_raise_for` turns it into
-:class:`~aiogroupq.CorruptQueueError`.
+:class:`~aiogroupq.CorruptQueueError`. Replies are read here too, and they
+carry bytes that anything with access to Redis may have written: what is
+decoded for display (ids, states, reasons) is decoded leniently and never
+raises.
 """
 
 from __future__ import annotations
@@ -94,8 +99,15 @@ class Script:
             try:
                 return await client.evalsha(self.sha, len(all_keys), *all_keys, *argv)
             except NoScriptError:
-                await client.script_load(self.source)
-                return await client.evalsha(self.sha, len(all_keys), *all_keys, *argv)
+                pass
+            # Not run. Loading first and retrying EVALSHA can meet a second
+            # flush in between (SCRIPT FLUSH on a timer does it); EVAL carries
+            # the source, so it runs whatever the cache holds. The load keeps
+            # the script cached for the next calls; EVAL alone may not (newer
+            # Redis versions evict scripts that only EVAL brought in).
+            await client.script_load(self.source)
+            source = self.source.decode()
+            return await client.eval(source, len(all_keys), *all_keys, *argv)
         except OutOfMemoryError as exc:  # refused before it ran: nothing written
             raise QueueFullError(str(exc)) from exc
         except ResponseError as exc:
@@ -228,6 +240,7 @@ class Claimed:
     attempt: int
     token: int
     due_ms: int = 0  # when it became runnable (server ms)
+    max_attempts: int = 0  # the task's, as recovery sees it (0: unknown)
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,7 +256,7 @@ class ClaimReply:
 
 
 def _texts(items: Any) -> tuple[str, ...]:
-    return tuple(bytes(item).decode("utf-8", "replace") for item in items)
+    return tuple(_text(item) for item in items)
 
 
 async def claim(
@@ -279,13 +292,14 @@ async def claim(
     )
     tasks = [
         Claimed(
-            bytes(reply[i]).decode("utf-8", "replace"),
+            _text(reply[i]),
             reply[i + 1],
             int(reply[i + 2]),
             int(reply[i + 3]),
             int(reply[i + 4]),
+            int(reply[i + 5]),
         )
-        for i in range(5, len(reply), 5)
+        for i in range(5, len(reply), 6)
     ]
     return ClaimReply(
         tasks,
@@ -365,7 +379,7 @@ async def identity(
 async def task_state(client: Redis, keys: QueueKeys, task_id: str) -> str | None:
     """The state field of a task's hash, or None if there is no such task."""
     state: Any = await client.hget(keys.task(task_id), "s")
-    return None if state is None else bytes(state).decode()
+    return None if state is None else _text(state)
 
 
 @dataclass(frozen=True, slots=True)
@@ -407,7 +421,7 @@ async def _dead_rows(
 ) -> list[DeadRow]:
     async with client.pipeline(transaction=False) as pipe:
         for task_id, _ in entries:
-            pipe.hmget(keys.task(task_id.decode()), "e", "x", "tb", "a")
+            pipe.hmget(_task_key(keys, task_id), "e", "x", "tb", "a")
         rows: list[list[Any]] = await pipe.execute()
     out = []
     for (task_id, score), (env, reason, trace, attempts) in zip(
@@ -416,15 +430,36 @@ async def _dead_rows(
         if env is not None:  # else purged between the two reads
             out.append(
                 DeadRow(
-                    task_id.decode(),
+                    _text(task_id),
                     float(score),
-                    env,
-                    (reason or b"").decode(errors="replace"),
-                    (trace or b"").decode(errors="replace"),
-                    int(attempts or 0),
+                    bytes(env),
+                    _text(reason or b""),
+                    _text(trace or b""),
+                    _count(attempts),
                 )
             )
     return out
+
+
+def _text(value: Any) -> str:
+    """Stored bytes as text for display; invalid UTF-8 shows as U+FFFD."""
+    return bytes(value).decode(errors="replace")
+
+
+def _count(value: Any) -> int:
+    """A stored counter, 0 if it is missing or not an integer."""
+    try:
+        return int(value or 0)
+    except ValueError:
+        return 0
+
+
+def _task_key(keys: QueueKeys, task_id: bytes) -> bytes:
+    # The key of a stored id exactly as stored, even if it is not UTF-8:
+    # surrogateescape gives back the original bytes.
+    return keys.task(task_id.decode(errors="surrogateescape")).encode(
+        errors="surrogateescape"
+    )
 
 
 LOST: Final = 0
@@ -488,16 +523,16 @@ async def wait_done(
         row: Any = await WAIT(client, keys, (), (task_id,))
         if not row:
             return None, None, ""
-        state = bytes(row[0]).decode()
+        state = _text(row[0])
         if state not in ("queued", "delayed", "running"):
-            reason = bytes(row[2]).decode(errors="replace") if row[2] else ""
+            reason = _text(row[2]) if row[2] else ""
             return state, row[1] or None, reason
         left = deadline - time.monotonic()
         if left <= 0:
             return state, None, ""
         if await client.blpop([done], timeout=min(left, block_cap)) is not None:
             row = await WAIT(client, keys, (), (task_id,))
-            if row and bytes(row[0]).decode() not in ("queued", "delayed", "running"):
+            if row and _text(row[0]) not in ("queued", "delayed", "running"):
                 await client.rpush(done, "1")  # for the other waiters
             # else a stale token (a dead letter requeued since): dropped
 

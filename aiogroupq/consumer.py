@@ -37,6 +37,7 @@ from ._keys import QueueKeys
 from ._runner import RetryPolicy, Running, run_task
 from ._validate import setting_int, setting_seconds
 from .errors import ConfigurationError, QueueFullError
+from .producer import DEFAULT_MAX_PAYLOAD_BYTES
 
 if TYPE_CHECKING:
     from .task import DeadLetter
@@ -97,6 +98,9 @@ class Consumer(anyio.AsyncContextManagerMixin):
     :param on_dead: ``async def on_dead(letter)`` called after a task of this
         consumer is dead-lettered (for alerts or a failure pipeline); its
         errors are logged and do not affect the task
+    :param max_payload_bytes: a claimed task whose stored payload is larger
+        (checked before decoding) is dead-lettered with reason
+        ``PayloadTooLarge: …``; keep it at least the producers' limit
     :raises ConfigurationError: if an argument is unusable
     """
 
@@ -115,11 +119,13 @@ class Consumer(anyio.AsyncContextManagerMixin):
         retry_backoff_max: float | timedelta = 300.0,
         claim_batch: int = DEFAULT_CLAIM_BATCH,
         on_dead: Callable[[DeadLetter], Awaitable[None]] | None = None,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> None:
         self._keys = QueueKeys(queue)
         self._routes = build_routes(handlers)
         setting_int("concurrency", concurrency)
         setting_int("claim_batch", claim_batch)
+        self._max_payload_bytes = setting_int("max_payload_bytes", max_payload_bytes)
         if not isinstance(redis, str | Redis):
             raise ConfigurationError(
                 f"expected a redis:// URL or a redis.asyncio.Redis client, got {redis!r}"
@@ -416,7 +422,13 @@ class Consumer(anyio.AsyncContextManagerMixin):
                     self._hand_back(running, finisher)
                     continue
                 try:
-                    await run_task(running, self._routes, self._policy, self._submit)
+                    await run_task(
+                        running,
+                        self._routes,
+                        self._policy,
+                        self._submit,
+                        max_payload_bytes=self._max_payload_bytes,
+                    )
                 finally:
                     if running.lost:
                         self._forget(running.claimed.id, running.claimed.token)

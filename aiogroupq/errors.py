@@ -15,9 +15,11 @@ The hierarchy::
     ├── TaskCancelledError          the awaited task was cancelled
     ├── TaskExpiredError            the awaited task expired before it started
     ├── NoResultError               the awaited task's type stores no result
+    ├── InvalidResultError          a stored result does not decode into result_type
     ├── QueueFullError              Redis is out of memory and refused new work
     │   └── GroupFullError          a group is at its max_size
     ├── CorruptQueueError           a key of the queue holds something no script wrote
+    │   └── CorruptTaskError        a task's stored fields are not what aiogroupq writes
     └── RedisUnavailableError       Redis could not be reached within the budget
 
 :class:`~aiogroupq.Retry` is not an error: a handler raises it to ask for another attempt.
@@ -30,8 +32,10 @@ __all__ = (
     "BatchTooLargeError",
     "ConfigurationError",
     "CorruptQueueError",
+    "CorruptTaskError",
     "GroupFullError",
     "InvalidGroupError",
+    "InvalidResultError",
     "InvalidTaskError",
     "NoResultError",
     "PayloadTooLargeError",
@@ -244,3 +248,39 @@ class Retry(Exception):  # a control-flow signal, like anyio's WouldBlock
             raise ValueError(f"Retry delay must be >= 0 seconds, got {delay!r}")
         super().__init__(delay)
         self.delay: float | None = delay
+
+
+class InvalidResultError(AiogroupqError, ValueError):
+    """The awaited task succeeded, but its stored result does not decode into
+    the ``result_type`` asked for (or its bytes are not valid MessagePack).
+
+    :ivar task_id: the task
+    :ivar reason: what the decoder said
+    """
+
+    def __init__(self, task_id: str, result_type: object, reason: str) -> None:
+        shown = getattr(result_type, "__name__", None) or repr(result_type)
+        super().__init__(
+            f"the result of task {task_id!r} does not decode into {shown}: {reason}"
+        )
+        self.task_id = task_id
+        self.reason = reason
+
+
+class CorruptTaskError(CorruptQueueError):
+    """A task's stored fields are not something aiogroupq writes (for example
+    an unknown state): the task hash was changed by something else.
+
+    :ivar task_id: the task
+    :ivar detail: what was found
+    """
+
+    def __init__(self, task_id: str, detail: str) -> None:
+        AiogroupqError.__init__(
+            self,
+            f"task {task_id!r} has corrupt stored data: {detail}; run "
+            "'aiogroupq check --repair' on the queue",
+        )
+        self.key = task_id
+        self.task_id = task_id
+        self.detail = detail

@@ -15,7 +15,14 @@ import msgspec
 from redis.asyncio import Redis
 
 from . import _scripts, _validate
-from ._codec import encode_payload, pack, payload_decoder, unpack
+from ._codec import (
+    EncodeFailure,
+    describe_decode_error,
+    encode_payload,
+    pack,
+    payload_decoder,
+    unpack,
+)
 from ._connection import (
     RedisLike,
     open_client,
@@ -27,8 +34,10 @@ from .errors import (
     BatchTooLargeError,
     ConfigurationError,
     CorruptQueueError,
+    CorruptTaskError,
     GroupFullError,
     InvalidGroupError,
+    InvalidResultError,
     InvalidTaskError,
     NoResultError,
     PayloadTooLargeError,
@@ -261,7 +270,7 @@ class Producer(anyio.AsyncContextManagerMixin):
             raise InvalidTaskError("unique", "needs a dedup_key to be unique by")
         try:
             payload = encode_payload(task.payload)
-        except (TypeError, msgspec.EncodeError, OverflowError) as exc:
+        except EncodeFailure as exc:
             raise UnencodablePayloadError(task.payload, str(exc)) from exc
         if len(payload) > self._max_payload_bytes:
             raise PayloadTooLargeError(len(payload), self._max_payload_bytes)
@@ -295,11 +304,14 @@ class Producer(anyio.AsyncContextManagerMixin):
 
         Terminal states stay readable for the consumer's ``retention`` window
         (dead letters until purged).
+
+        :raises CorruptTaskError: if the stored state is not one of
+            :class:`TaskState` (the task hash was written by something else)
         """
         state = await _scripts.task_state(
             self._open_client(), self._keys, _validate.task_id(task_id)
         )
-        return None if state is None else TaskState(state)
+        return None if state is None else _state(task_id, state)
 
     @unavailable_as_error
     async def cancel(self, task_id: str) -> bool:
@@ -371,6 +383,10 @@ class Producer(anyio.AsyncContextManagerMixin):
         :raises TaskCancelledError: if it was cancelled
         :raises TaskExpiredError: if it expired before it started
         :raises NoResultError: if it succeeded but stored no result
+        :raises InvalidResultError: if the stored result does not decode into
+            *result_type*
+        :raises CorruptTaskError: if the stored state is not one of
+            :class:`TaskState`
         """
         limit = _validate.seconds("timeout", timeout, allow_zero=True)
         client = self._open_client()
@@ -386,10 +402,10 @@ class Producer(anyio.AsyncContextManagerMixin):
         )
         if state is None:
             raise TaskNotFoundError(task_id)
-        if state == TaskState.SUCCEEDED:
+        if _state(task_id, state) == TaskState.SUCCEEDED:
             if result is None:
                 raise NoResultError(task_id)
-            return payload_decoder(result_type).decode(result)
+            return _decode_result(task_id, result, result_type)
         if state == TaskState.DEAD:
             raise TaskFailedError(task_id, reason)
         if state == TaskState.CANCELLED:
@@ -451,14 +467,32 @@ class Producer(anyio.AsyncContextManagerMixin):
         return [_dead_letter(row) for row in rows]
 
 
+def _decode_result(task_id: str, result: bytes, result_type: Any) -> Any:
+    decoder = payload_decoder(result_type)
+    try:
+        return decoder.decode(result)
+    except Exception as exc:  # whatever the stored bytes are
+        detail = describe_decode_error(exc)
+        raise InvalidResultError(task_id, result_type, detail) from exc
+
+
+def _state(task_id: str, state: str) -> TaskState:
+    try:
+        return TaskState(state)
+    except ValueError:
+        raise CorruptTaskError(task_id, f"unknown state {state!r}") from None
+
+
 def _dead_letter(row: _scripts.DeadRow) -> DeadLetter:
+    # A dead letter's bytes may be exactly why it died: whatever fails to
+    # decode is shown as unknown ("?", None) rather than failing the listing.
     envelope: Envelope | None = None
     payload: Any = None
     try:
         envelope = unpack(row.envelope)
         payload = msgspec.msgpack.decode(envelope.payload)
-    except msgspec.DecodeError:
-        pass  # a corrupt envelope is itself a reason to have been dead-lettered
+    except Exception:  # noqa: BLE001, S110 - any stored bytes: see above
+        pass
     return DeadLetter(
         id=row.id,
         type=envelope.type if envelope else "?",

@@ -423,33 +423,32 @@ class QueueMachine(RuleBasedStateMachine):
         # (c) Claim from the front, exactly as the model's lists say.
         expected: list[str] = []
         while len(expected) < k:
-            task_id = self.pop()
-            if task_id is None:
+            popped = self.pop()
+            if popped is None:
                 break
-            task = self.tasks[task_id]
+            task = self.tasks[popped]
             assert task.state == "queued", task
-            g = self.groups[task.group] if task.group else None
-            if g is not None and (g.paused or g.halted is not None):
+            grp = self.groups[task.group] if task.group else None
+            if grp is not None and (grp.paused or grp.halted is not None):
                 event("claim: held back (paused or halted)")
                 task.held = True
-                g.held.append(task_id)
+                grp.held.append(popped)
                 continue
             if task.expiring and task.attempt == 0:
                 event("claim: expired")
                 task.state = "expired"
                 self.leave(task)
                 continue
-            if g is not None and g.rate and g.window_until is not None:
-                if g.window_until > self.now:
-                    event("claim: out of rate")
-                    task.held = True
-                    g.held.append(task_id)
-                    if g.wake_due is None:
-                        g.wake_due = g.window_until
-                    continue
-            if g is not None and g.rate:
-                g.window_until, g.window_cleared = self.now + RATE_MS, False
-            expected.append(task_id)
+            if grp is not None and grp.rate and (grp.window_until or 0) > self.now:
+                event("claim: out of rate")
+                task.held = True
+                grp.held.append(popped)
+                if grp.wake_due is None:
+                    grp.wake_due = grp.window_until
+                continue
+            if grp is not None and grp.rate:
+                grp.window_until, grp.window_cleared = self.now + RATE_MS, False
+            expected.append(popped)
         assert [c.id for c in reply.tasks] == expected, (
             [c.id for c in reply.tasks],
             expected,

@@ -16,14 +16,15 @@
               claimed, instead of claiming more
   ARGV[9]     retention of expired and cancelled tasks in ms
   returns  {wait_ms, more, now_ms, {dead ids}, {problems},
-            id1, envelope1, attempt1, token1, due1, id2, ...}
+            id1, envelope1, attempt1, token1, due1, max_attempts1, id2, ...}
            wait_ms: ms until the next delayed task (or rate-limited
            group) is due, -1 if none
            more: 1 if runnable entries are left
            dead ids: tasks this call dead-lettered (lease expired on the
            last attempt, damaged keys), for the consumer's on_dead
-           problems: damaged keys met (ready entries dropped), to log
+           problems: damaged keys met (entries dropped), to log
            due: when the task became runnable (server ms)
+           max_attempts: the task's own (the hash's, which recovery uses)
   Effects: (a) each expired lease's task goes back to the front as its
            group's continuation (or, past its last attempt, is
            dead-lettered and its slot passed on); (b) due delayed tasks join
@@ -81,9 +82,10 @@ end
 local last = redis.call('GET', last_key)
 if last and string.sub(last, 1, #nonce + 1) == nonce .. ':' then
   for id in string.gmatch(string.sub(last, #nonce + 2), '[^,]+') do
-    local f = redis.pcall('HMGET', k_task(id), 'e', 'a', 'k', 's', 'c', 'dt')
+    local f = redis.pcall('HMGET', k_task(id), 'e', 'a', 'k', 's', 'c', 'dt', 'm')
     if not wrong_type(f) and f[4] == 'running' and f[5] == consumer then
-      for _, v in ipairs({ id, f[1], tonumber(f[2]), tonumber(f[3]), tonumber(f[6]) or now }) do
+      for _, v in ipairs({ id, f[1], tonumber(f[2]), tonumber(f[3]), tonumber(f[6]) or now,
+          tonumber(f[7]) or 1 }) do
         out[#out + 1] = v
       end
     end
@@ -118,6 +120,14 @@ local function incomplete(f, e, s, m, a)
 end
 
 -- (b) Promote due tasks in due order.
+-- Ids are what producers make (printable ASCII); anything else in a list is
+-- damage, dropped and reported rather than handed to a consumer.
+local function not_an_id(id, where)
+  if string.find(id, '^[%w%p]+$') then return false end
+  problems[#problems + 1] = 'an entry of ' .. where .. ' is not a task id: dropped'
+  return true
+end
+
 local function promote(id)
   redis.call('ZREM', K_DELAYED, id)
   if string.sub(id, 1, 1) == RATE_WAKE then -- a rate-limited group may start again
@@ -126,6 +136,7 @@ local function promote(id)
     if G then readied = readied + unshelve(G) end
     return
   end
+  if not_an_id(id, K_DELAYED) then return end
   local key = k_task(id)
   local f = redis.pcall('HMGET', key, 'g', 's', 'a', 'xp', 'p', 'e', 'm')
   if wrong_type(f) then
@@ -176,6 +187,7 @@ end
 local ids, claimed, first_token = {}, 0, nil
 
 local function take(id)
+  if not_an_id(id, 'the ready list') then return end
   local key = k_task(id)
   local f = redis.pcall('HMGET', key, 'e', 'g', 's', 'a', 'm', 'xp', 'dt')
   if wrong_type(f) then
@@ -241,7 +253,7 @@ local function take(id)
   redis.call('SADD', inflight, id)
   claimed = claimed + 1
   ids[claimed] = id
-  for _, v in ipairs({ id, f[1], attempt + 1, token, tonumber(f[7]) or now }) do
+  for _, v in ipairs({ id, f[1], attempt + 1, token, tonumber(f[7]) or now, tonumber(f[5]) }) do
     out[#out + 1] = v
   end
 end
