@@ -93,7 +93,9 @@ def test_py_typed_ships_inside_the_package() -> None:
     assert files("aiogroupq").joinpath("py.typed").is_file()
 
 
-@pytest.mark.parametrize("name", ["_lib", "enqueue", "claim", "finish", "heartbeat"])
+@pytest.mark.parametrize(
+    "name", ["lib/base", "lib/groups", "enqueue", "claim", "finish", "control"]
+)
 def test_lua_scripts_ship_inside_the_package(name: str) -> None:
     script = files("aiogroupq").joinpath("_lua", f"{name}.lua")
     assert script.is_file()
@@ -111,6 +113,7 @@ def test_task_state_values_are_pinned() -> None:
         "SUCCEEDED": "succeeded",
         "DEAD": "dead",
         "CANCELLED": "cancelled",
+        "EXPIRED": "expired",
     }
 
 

@@ -11,7 +11,7 @@ import anyio
 import msgspec
 
 from .. import _validate
-from .._codec import encode_payload
+from .._codec import EncodeFailure, encode_payload
 from .._handlers import Handler, HandlerFunc, build_routes
 from ..errors import InvalidTaskError, UnencodablePayloadError
 from ..task import TaskInfo, _current
@@ -72,7 +72,7 @@ async def run_inline(
         raise InvalidTaskError("attempt", f"{attempt!r} must be an int >= 1")
     try:
         encoded = encode_payload(payload)
-    except (TypeError, msgspec.EncodeError, OverflowError) as exc:
+    except EncodeFailure as exc:
         raise UnencodablePayloadError(payload, str(exc)) from exc
     try:
         decoded = route.decoder.decode(encoded)
@@ -108,6 +108,6 @@ async def run_inline(
     if route.options.store_result:
         try:
             encode_payload(result)
-        except (TypeError, msgspec.EncodeError, OverflowError) as exc:
+        except EncodeFailure as exc:
             raise ResultEncodeError(result, f"UnencodableResult: {exc}") from exc
     return result
