@@ -10,11 +10,20 @@ import logging
 
 from ._fsck import Problem as Problem, check_queue as check_queue
 from ._handlers import Handler as Handler
+from .admin import (
+    Admin as Admin,
+    GroupSettings as GroupSettings,
+    QueueSettings as QueueSettings,
+    Rate as Rate,
+)
 from .consumer import Consumer as Consumer, ConsumerStats as ConsumerStats
 from .errors import (
     AiogroupqError as AiogroupqError,
+    BatchTooLargeError as BatchTooLargeError,
     ConfigurationError as ConfigurationError,
+    CorruptQueueError as CorruptQueueError,
     CorruptTaskError as CorruptTaskError,
+    GroupFullError as GroupFullError,
     InvalidGroupError as InvalidGroupError,
     InvalidResultError as InvalidResultError,
     InvalidTaskError as InvalidTaskError,
@@ -24,6 +33,7 @@ from .errors import (
     RedisUnavailableError as RedisUnavailableError,
     Retry as Retry,
     TaskCancelledError as TaskCancelledError,
+    TaskExpiredError as TaskExpiredError,
     TaskFailedError as TaskFailedError,
     TaskNotFoundError as TaskNotFoundError,
     UnencodablePayloadError as UnencodablePayloadError,
@@ -41,12 +51,17 @@ from .task import (
 __version__ = "0.1.0"
 
 __all__ = (
+    "Admin",
     "AiogroupqError",
+    "BatchTooLargeError",
     "ConfigurationError",
     "Consumer",
     "ConsumerStats",
+    "CorruptQueueError",
     "CorruptTaskError",
     "DeadLetter",
+    "GroupFullError",
+    "GroupSettings",
     "Handler",
     "InvalidGroupError",
     "InvalidResultError",
@@ -56,10 +71,13 @@ __all__ = (
     "Problem",
     "Producer",
     "QueueFullError",
+    "QueueSettings",
+    "Rate",
     "RedisUnavailableError",
     "Retry",
     "Task",
     "TaskCancelledError",
+    "TaskExpiredError",
     "TaskFailedError",
     "TaskInfo",
     "TaskNotFoundError",

@@ -307,6 +307,8 @@ async def _run(
             max_attempts=claimed.max_attempts or envelope.max_attempts,
             fencing_token=claimed.token,
             enqueued_at=envelope.enqueued_ms / 1000,
+            started_at=claimed.claimed_ms / 1000,
+            due_at=claimed.due_ms / 1000,
         )
     )
     timed_out = False

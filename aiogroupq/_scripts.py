@@ -241,6 +241,7 @@ class Claimed:
     token: int
     due_ms: int = 0  # when it became runnable (server ms)
     max_attempts: int = 0  # the task's, as recovery sees it (0: unknown)
+    claimed_ms: int = 0  # the server's clock when it was claimed
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,6 +299,7 @@ async def claim(
             int(reply[i + 3]),
             int(reply[i + 4]),
             int(reply[i + 5]),
+            int(reply[2]),
         )
         for i in range(5, len(reply), 6)
     ]

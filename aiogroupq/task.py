@@ -114,6 +114,10 @@ class TaskInfo:
     :ivar fencing_token: increases with every claim of the queue; pass it to
         external systems to refuse writes from a consumer that lost its lease
     :ivar enqueued_at: producer's wall clock at enqueue (Unix seconds)
+    :ivar started_at: when this attempt was claimed, on the Redis server's
+        clock (Unix seconds): the moment rate limits count
+    :ivar due_at: when the task became runnable, on the server's clock: its
+        enqueue, the end of its delay, or the moment its group gave it a slot
     """
 
     id: str
@@ -123,6 +127,8 @@ class TaskInfo:
     max_attempts: int
     fencing_token: int
     enqueued_at: float
+    started_at: float = 0.0
+    due_at: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 

@@ -17,6 +17,8 @@ own scripts never see them, and the per-test ``flushdb`` clears them.
 
 from __future__ import annotations
 
+import multiprocessing
+import multiprocessing.process
 import os
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
@@ -39,6 +41,13 @@ _APPEND_LUA = """
 local clock = redis.call('INCR', KEYS[1])
 redis.call('RPUSH', KEYS[2], clock .. ' ' .. ARGV[1])
 if ARGV[2] ~= '' then redis.call('SADD', KEYS[3], ARGV[2]) end
+return clock
+"""
+
+# KEYS: clock, list of marks. ARGV: the mark's label. Returns its clock value.
+_MARK_LUA = """
+local clock = redis.call('INCR', KEYS[1])
+redis.call('RPUSH', KEYS[2], clock .. ' ' .. ARGV[1])
 return clock
 """
 
@@ -72,6 +81,8 @@ class _Record(msgspec.Struct, array_like=True, frozen=True):
     meta_group: str | None  # what aiogroupq.current_task() said
     ok: bool  # end events: did the handler body return normally?
     task_id: str
+    started_ms: int = 0  # the claim's server time (current_task().started_at)
+    token: int = 0  # the claim's fencing token: claims are ordered by it
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +99,8 @@ class Entry:
     meta_group: str | None
     ok: bool
     task_id: str
+    started_ms: int = 0
+    token: int = 0
 
 
 class HandlerFailure(Exception):
@@ -100,7 +113,25 @@ class Journal:
     def __init__(self, client: redis.asyncio.Redis, *, key: str = JOURNAL_KEY):
         self._client = client
         self._keys = (f"{key}:clock", key, f"{key}:done")
+        self._marks_key = f"{key}:marks"
         self._append = client.register_script(_APPEND_LUA)
+        self._mark = client.register_script(_MARK_LUA)
+
+    async def mark(self, label: str) -> int:
+        """Put a named point on the journal's timeline (e.g. "paused");
+        returns its clock value."""
+        return int(
+            await self._mark(keys=(self._keys[0], self._marks_key), args=(label,))
+        )
+
+    async def marks(self) -> dict[str, int]:
+        """Every mark, label -> clock value."""
+        out = {}
+        for line in await self._client.lrange(self._marks_key, 0, -1):
+            assert isinstance(line, bytes)  # the client does not decode replies
+            clock, _, label = line.partition(b" ")
+            out[label.decode()] = int(clock)
+        return out
 
     async def record(self, event: EventKind, job: Job, *, ok: bool = True) -> int:
         """Append one event for the task whose handler runs in this context."""
@@ -115,6 +146,8 @@ class Journal:
             meta_group=info.group,
             ok=ok,
             task_id=info.id,
+            started_ms=round(info.started_at * 1000),
+            token=info.fencing_token,
         )
         done = str(job.n) if event == "end" and ok else ""
         clock = await self._append(
@@ -174,6 +207,8 @@ class Journal:
                     r.meta_group,
                     r.ok,
                     r.task_id,
+                    r.started_ms,
+                    r.token,
                 )
             )
         out.sort(key=lambda e: e.clock)  # already in order; cheap insurance
@@ -371,3 +406,43 @@ async def _consume(
                 await anyio.sleep(0.05)
     finally:
         await client.aclose()
+
+
+@asynccontextmanager
+async def consumer_processes(
+    url: str,
+    queue: str,
+    *,
+    processes: int = 3,
+    concurrency: int = 8,
+    retry_backoff: float = 1.0,
+) -> AsyncIterator[list[multiprocessing.process.BaseProcess]]:
+    """*processes* spawned consumer processes journaling their runs, all
+    claiming when the block begins; stopped (and checked to exit 0) after."""
+    ctx = multiprocessing.get_context("spawn")
+    stop = ctx.Event()
+    readies = [ctx.Event() for _ in range(processes)]
+    procs = [
+        ctx.Process(
+            target=consume_in_process,
+            args=(url, queue, concurrency, ready, stop, retry_backoff),
+            daemon=True,  # never outlive a crashed test
+        )
+        for ready in readies
+    ]
+    for proc in procs:
+        proc.start()
+    try:
+        with anyio.fail_after(60):
+            while not all(ready.is_set() for ready in readies):
+                if any(p.exitcode is not None for p in procs):
+                    raise RuntimeError("a consumer process died while starting")
+                await anyio.sleep(0.02)
+        yield list(procs)
+    finally:
+        stop.set()
+        for proc in procs:
+            await anyio.to_thread.run_sync(proc.join, 30)
+            if proc.is_alive():
+                proc.kill()
+    assert [p.exitcode for p in procs] == [0] * processes

@@ -206,7 +206,9 @@ class QueueMachine(RuleBasedStateMachine):
         self.pready.sort()
 
     def pop(self) -> str | None:
-        if self.prio_on and self.pready:
+        """The list's tasks (from before priorities) go after the higher
+        levels of the priority set and before its level 0."""
+        if self.pready and (not self.ready or self.pready[0][0][0] < 9):
             return self.pready.pop(0)[1]
         return self.ready.pop(0) if self.ready else None
 

@@ -18,6 +18,14 @@ import aiogroupq
 PUBLIC_NAMES = frozenset(
     {
         "AiogroupqError",
+        "TaskExpiredError",
+        "Rate",
+        "QueueSettings",
+        "GroupSettings",
+        "GroupFullError",
+        "CorruptQueueError",
+        "BatchTooLargeError",
+        "Admin",
         "ConfigurationError",
         "Consumer",
         "ConsumerStats",

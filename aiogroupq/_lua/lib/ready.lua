@@ -11,7 +11,8 @@
                push: a task counts as pushed p * A ms earlier, so a low
                priority waits at most (difference in levels) * A behind
                higher ones
-  Claims drain pready before what a queue's list still holds.
+  Tasks a queue's list still holds when priorities come into use are
+  claimed after pready's higher levels and before its level 0.
 ]]
 --- @include "base"
 
@@ -65,11 +66,20 @@ local function ready_push(id, front, level)
   redis.call('ZADD', K_PREADY, score, id)
 end
 
+-- What the list still holds was pushed before priorities were in use: all
+-- of priority 0 and older than anything in pready, so it goes after the
+-- higher levels and before pready's level 0 (with aging: before all of it).
 local function pop_ready()
-  if conf().prio then
-    local top = redis.call('ZPOPMIN', K_PREADY)
-    if top[1] then return top[1] end
+  local c = conf()
+  if not c.prio then return redis.call('LPOP', K_READY) end
+  if redis.call('LLEN', K_READY) > 0 then
+    local top = redis.call('ZRANGE', K_PREADY, 0, 0, 'WITHSCORES')
+    if c.age or not top[2] or tonumber(top[2]) >= 9 * LEVEL_SPAN - LEVEL_SPAN / 2 then
+      return redis.call('LPOP', K_READY)
+    end
   end
+  local top = redis.call('ZPOPMIN', K_PREADY)
+  if top[1] then return top[1] end
   return redis.call('LPOP', K_READY)
 end
 

@@ -1,0 +1,348 @@
+"""Operating a queue: group and queue settings, pause and resume."""
+
+from __future__ import annotations
+
+__all__ = ("Admin", "GroupSettings", "QueueSettings", "Rate")
+
+import math
+from collections.abc import AsyncGenerator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Final, Literal, Self
+
+import anyio
+from redis.asyncio import Redis
+
+from . import _scripts, _validate
+from ._connection import RedisLike, open_client, unavailable_as_error
+from ._keys import QueueKeys
+from .errors import ConfigurationError, InvalidGroupError
+
+#: most slots a group may have
+MAX_CONCURRENCY: Final = 10_000
+#: groups refilled per script call after the queue's defaults change
+_REFILL_BATCH: Final = 500
+
+Fairness = Literal["round_robin", "drain"]
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """At most *limit* task starts of a group in any window of *period*
+    seconds (a sliding window on the Redis server's clock).
+
+    :param limit: starts per window, >= 1
+    :param period: the window, in seconds (or a timedelta), at least 1 ms
+    :raises ConfigurationError: for a limit or period out of range
+    """
+
+    limit: int
+    period: float | timedelta
+
+    def __post_init__(self) -> None:
+        if isinstance(self.limit, bool) or not isinstance(self.limit, int):
+            raise ConfigurationError(f"Rate limit must be an int, got {self.limit!r}")
+        if self.limit < 1:
+            raise ConfigurationError(
+                f"Rate limit must be >= 1 (pass rate=False for none), got {self.limit}"
+            )
+        _validate.setting_seconds("Rate period", self.period, minimum=0.001)
+
+    @property
+    def period_ms(self) -> int:
+        """The window in whole milliseconds (rounded up)."""
+        period = self.period
+        seconds = period.total_seconds() if isinstance(period, timedelta) else period
+        return math.ceil(seconds * 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSettings:
+    """A group's own settings (``None``: the queue's default applies).
+
+    :ivar concurrency: tasks of the group that may run at once
+    :ivar rate: its rate limit; ``False``: none, whatever the queue's default
+    :ivar max_size: most live (queued, delayed or running) tasks it may hold
+    :ivar priority: priority of its tasks that are enqueued without one
+    :ivar paused: whether it starts nothing new
+    """
+
+    concurrency: int | None = None
+    rate: Rate | Literal[False] | None = None
+    max_size: int | None = None
+    priority: int | None = None
+    paused: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSettings:
+    """A queue's settings.
+
+    :ivar fairness: ``"round_robin"``: a group whose task ends waits behind
+        every group already waiting before its next task runs; ``"drain"``:
+        its next task runs first (finishes one group's backlog before others)
+    :ivar group_concurrency: the concurrency of groups without their own
+    :ivar group_rate: the rate limit of groups without their own, or None
+    :ivar priority_aging: seconds per priority level after which a waiting
+        task counts as one level higher (None: strict priorities)
+    :ivar paused: whether the whole queue starts nothing new
+    """
+
+    fairness: Fairness = "round_robin"
+    group_concurrency: int = 1
+    group_rate: Rate | None = None
+    priority_aging: float | None = None
+    paused: bool = False
+
+
+class Admin(anyio.AsyncContextManagerMixin):
+    """Settings, pause and resume of one queue and its groups; use it as
+    ``async with Admin(...) as admin``.
+
+    Settings live in Redis, so every producer and consumer of the queue
+    follows them at once.
+
+    :param redis: a ``redis://`` URL, or a ``redis.asyncio.Redis`` client to
+        borrow (never closed by us; must have ``decode_responses=False``)
+    :param queue: the queue name
+    :raises ConfigurationError: if an argument is unusable
+    """
+
+    def __init__(self, redis: RedisLike, *, queue: str) -> None:
+        self._keys = QueueKeys(queue)
+        if not isinstance(redis, str | Redis):
+            raise ConfigurationError(
+                f"expected a redis:// URL or a redis.asyncio.Redis client, got {redis!r}"
+            )
+        self._redis = redis
+        self._client: Redis | None = None
+
+    @property
+    def queue(self) -> str:
+        """The queue this administers."""
+        return self._keys.queue
+
+    @asynccontextmanager
+    async def __asynccontextmanager__(self) -> AsyncGenerator[Self]:
+        async with open_client(self._redis, retry=True) as client:
+            self._client = client
+            try:
+                yield self
+            finally:
+                self._client = None
+
+    def _open_client(self) -> Redis:
+        if self._client is None:
+            raise RuntimeError(
+                "this Admin is not open: use it inside 'async with Admin(...)'"
+            )
+        return self._client
+
+    # -- groups ---------------------------------------------------------------
+
+    @unavailable_as_error
+    async def set_group(
+        self,
+        group: str,
+        *,
+        concurrency: int | None = None,
+        rate: Rate | Literal[False] | None = None,
+        max_size: int | None = None,
+        priority: int | None = None,
+    ) -> None:
+        """Replace a group's settings (each ``None`` leaves that one to the
+        queue's default). A raised concurrency starts waiting tasks at once; a
+        lowered one lets running tasks finish. Pausing is separate
+        (:meth:`pause_group`) and unchanged by this call.
+
+        :param concurrency: tasks of the group that may run at once, in
+            enqueue order (1 keeps them strictly one at a time)
+        :param rate: at most ``rate.limit`` starts per ``rate.period``;
+            ``False``: no limit even if the queue has a default
+        :param max_size: most live tasks; an enqueue beyond it raises
+            :class:`~aiogroupq.GroupFullError` and writes nothing
+        :param priority: priority (0-9) of the group's tasks enqueued without
+            one; with concurrency above 1 all of the group's tasks wait at it
+        :raises InvalidGroupError: for a bad group name
+        :raises ConfigurationError: for a bad setting
+        """
+        name = _group_name(group)
+        if concurrency is not None:
+            _check_int("concurrency", concurrency, 1, MAX_CONCURRENCY)
+        if max_size is not None:
+            _check_int("max_size", max_size, 1, 2**53)
+        if priority is not None:
+            _check_int("priority", priority, 0, _validate.MAX_PRIORITY)
+        rn, rp = _rate_args(rate, allow_false=True)
+        await _scripts.control(
+            self._open_client(),
+            self._keys,
+            "group",
+            name,
+            "" if concurrency is None else concurrency,
+            rn,
+            rp,
+            "" if max_size is None else max_size,
+            "" if priority is None else priority,
+        )
+
+    @unavailable_as_error
+    async def group_settings(self, group: str) -> GroupSettings:
+        """A group's own settings (all ``None`` if it has none)."""
+        name = _group_name(group)
+        raw: Any = await self._open_client().hgetall(self._keys.group_conf(name))
+        fields = {bytes(k).decode(): bytes(v).decode() for k, v in raw.items()}
+        rate: Rate | Literal[False] | None = None
+        if "rn" in fields:
+            rate = _read_rate(fields["rn"], fields.get("rp")) or False
+        return GroupSettings(
+            concurrency=_int_or_none(fields.get("c")),
+            rate=rate,
+            max_size=_int_or_none(fields.get("mx")),
+            priority=_int_or_none(fields.get("pr")),
+            paused=fields.get("p") == "1",
+        )
+
+    @unavailable_as_error
+    async def pause_group(self, group: str) -> None:
+        """Start no new task of the group; running ones finish. Its waiting
+        tasks keep their order and are shown as paused."""
+        await _scripts.control(
+            self._open_client(), self._keys, "pause", _group_name(group)
+        )
+
+    @unavailable_as_error
+    async def resume_group(self, group: str) -> None:
+        """Let a paused group start tasks again, in order."""
+        await _scripts.control(
+            self._open_client(), self._keys, "resume", _group_name(group)
+        )
+
+    # -- the queue ------------------------------------------------------------
+
+    @unavailable_as_error
+    async def configure(
+        self,
+        *,
+        fairness: Fairness = "round_robin",
+        group_concurrency: int = 1,
+        group_rate: Rate | None = None,
+        priority_aging: float | timedelta | None = None,
+    ) -> None:
+        """Replace the queue's settings (pause is separate: :meth:`pause`).
+
+        :param fairness: ``"round_robin"`` (the default): groups take turns,
+            so a group arriving behind others' backlogs starts within about
+            one turn of each; ``"drain"``: a group's next task runs right
+            after its previous one (better cache locality, but a new group
+            waits for the busy groups' backlogs)
+        :param group_concurrency: the concurrency of groups without their own
+        :param group_rate: the rate limit of groups without their own
+        :param priority_aging: seconds after which a waiting task counts as
+            one priority level higher (so no priority starves); ``None``:
+            strict priorities
+        :raises ConfigurationError: for a bad setting
+        """
+        if fairness not in ("round_robin", "drain"):
+            raise ConfigurationError(
+                f"fairness must be 'round_robin' or 'drain', got {fairness!r}"
+            )
+        _check_int("group_concurrency", group_concurrency, 1, MAX_CONCURRENCY)
+        rn, rp = _rate_args(group_rate, allow_false=False)
+        aging = (
+            ""
+            if priority_aging is None
+            else _validate.to_ms(
+                _validate.setting_seconds("priority_aging", priority_aging, minimum=0.001)
+            )
+        )
+        client = self._open_client()
+        await _scripts.control(
+            client,
+            self._keys,
+            "queue",
+            "drain" if fairness == "drain" else "",
+            "" if group_concurrency == 1 else group_concurrency,
+            rn,
+            rp,
+            aging,
+        )
+        # A raised default concurrency frees slots of groups with a line.
+        start = 0
+        while groups := await client.zrange(
+            self._keys.backlog, start, start + _REFILL_BATCH - 1
+        ):
+            await _scripts.control(client, self._keys, "refill", *groups)
+            start += _REFILL_BATCH
+
+    @unavailable_as_error
+    async def settings(self) -> QueueSettings:
+        """The queue's settings."""
+        raw: Any = await self._open_client().hgetall(self._keys.conf)
+        fields = {bytes(k).decode(): bytes(v).decode() for k, v in raw.items()}
+        aging = _int_or_none(fields.get("age"))
+        group_rate = None
+        if "rn" in fields:
+            group_rate = _read_rate(fields["rn"], fields.get("rp"))
+        return QueueSettings(
+            fairness="drain" if fields.get("fair") == "drain" else "round_robin",
+            group_concurrency=_int_or_none(fields.get("c")) or 1,
+            group_rate=group_rate,
+            priority_aging=None if aging is None else aging / 1000,
+            paused=fields.get("pause") == "1",
+        )
+
+    @unavailable_as_error
+    async def pause(self) -> None:
+        """Start no new task anywhere in the queue; running ones finish, and
+        enqueues are still accepted."""
+        await _scripts.control(self._open_client(), self._keys, "qpause")
+
+    @unavailable_as_error
+    async def resume(self) -> None:
+        """Let a paused queue start tasks again."""
+        await _scripts.control(self._open_client(), self._keys, "qresume")
+
+
+def _group_name(group: object) -> str:
+    name = _validate.group(group)
+    if name is None:
+        raise InvalidGroupError(group, "is None; name a group")
+    return name
+
+
+def _check_int(name: str, value: object, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigurationError(
+            f"{name} must be an int from {low} to {high}, got {value!r}"
+        )
+
+
+def _rate_args(
+    rate: Rate | Literal[False] | None, *, allow_false: bool
+) -> tuple[int | str, int | str]:
+    if rate is None:
+        return "", ""
+    if rate is False and allow_false:
+        return 0, 1  # rn 0: no limit
+    if not isinstance(rate, Rate):
+        raise ConfigurationError(
+            f"rate must be an aiogroupq.Rate{', False' if allow_false else ''} "
+            f"or None, got {rate!r}"
+        )
+    return rate.limit, rate.period_ms
+
+
+def _read_rate(rn: str, rp: str | None) -> Rate | None:
+    limit, period = _int_or_none(rn), _int_or_none(rp)
+    if not limit or not period:
+        return None
+    return Rate(limit, period / 1000)
+
+
+def _int_or_none(value: str | None) -> int | None:
+    try:
+        return None if value is None else int(value)
+    except ValueError:
+        return None
