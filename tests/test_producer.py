@@ -569,3 +569,16 @@ async def test_task_carries_enqueue_fields() -> None:
     assert (task.delay, task.dedup_key, task.max_attempts) == (1.5, "d", 4)
     assert task.timeout == timedelta(seconds=3)
     assert Task("t").payload is None
+
+
+async def test_enqueue_many_over_the_batch_limit_is_refused_before_any_io(
+    producer: Producer, redis_client: redis.asyncio.Redis
+) -> None:
+    from aiogroupq.producer import MAX_BATCH
+
+    too_many = [aiogroupq.Task("t", n, group=f"g{n % 7}") for n in range(MAX_BATCH + 1)]
+    with pytest.raises(aiogroupq.BatchTooLargeError) as info:
+        await producer.enqueue_many(too_many)
+    assert (info.value.size, info.value.limit) == (MAX_BATCH + 1, MAX_BATCH)
+    assert await redis_client.dbsize() == 0
+    assert len(await producer.enqueue_many(too_many[:MAX_BATCH])) == MAX_BATCH

@@ -58,6 +58,48 @@ async def test_out_of_memory_refuses_new_work_but_lets_running_work_finish(
                     await anyio.sleep(0.01)
 
 
+async def test_a_full_redis_keeps_draining_while_enqueues_are_refused(
+    redis_client: redis.asyncio.Redis,
+) -> None:
+    """Over maxmemory (noeviction), enqueues are refused with a typed error
+    and write nothing, while every task already queued still completes:
+    claims carry allow-oom (each adds a little that its finish frees)."""
+    n = 2000
+    done = 0
+
+    async def h(i: int) -> None:
+        nonlocal done
+        done += 1
+
+    async with aiogroupq.Producer(redis_client, queue=QUEUE) as producer:
+        tasks = [aiogroupq.Task("h", i, group=f"g{i % 50}") for i in range(n // 2)]
+        tasks += [aiogroupq.Task("h", i) for i in range(n // 2)]
+        for start in range(0, n, 500):
+            await producer.enqueue_many(tasks[start : start + 500])
+        used = int((await redis_client.info("memory"))["used_memory"])
+        await redis_client.config_set("maxmemory-policy", "noeviction")
+        await redis_client.config_set("maxmemory", str(used - 256 * 1024))
+        try:
+            keys_before = await redis_client.dbsize()
+            with pytest.raises(aiogroupq.QueueFullError):
+                await producer.enqueue("h", -1, group="g0")
+            with pytest.raises(aiogroupq.QueueFullError):
+                await producer.enqueue_many([aiogroupq.Task("h", -2)] * 10)
+            assert await redis_client.dbsize() == keys_before
+            async with aiogroupq.Consumer(
+                redis_client, queue=QUEUE, handlers={"h": h}, concurrency=32
+            ):
+                with anyio.fail_after(30):
+                    while done < n:
+                        await anyio.sleep(0.01)
+            over = int((await redis_client.info("memory"))["used_memory"]) > used
+        finally:
+            await redis_client.config_set("maxmemory", "0")
+    print(f"[full-redis] drained {done} of {n} over maxmemory")  # noqa: T201
+    assert done == n
+    assert not over  # finishing freed more than claiming took
+
+
 async def test_unreachable_server_is_a_typed_error_not_a_hang() -> None:
     url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
     async with aiogroupq.Producer(url, queue=QUEUE) as producer:
