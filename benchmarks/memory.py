@@ -33,7 +33,7 @@ import anyio
 import redis.asyncio
 
 import aiogroupq
-from benchmarks._server import Server, server_info
+from benchmarks._runner import server_info, throwaway_server
 
 QUEUE = "memory"
 BATCH = 1_000
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> None:
         rows = anyio.run(measure, args.url, args.tasks)
         server = server_info(args.url)
     else:
-        with Server() as throwaway:
+        with throwaway_server() as throwaway:
             rows = anyio.run(measure, throwaway.url, args.tasks)
             server = server_info(throwaway.url)
     print(f"$ {command.strip()}")
