@@ -21,7 +21,7 @@ local retention, id = tonumber(ARGV[2]), ARGV[3]
 if not retention then
   return redis.error_reply('ERR aiogroupq cancel: malformed arguments')
 end
-local bad = check_fixed({ K_DELAYED, 'zset', GROUP_KEYS[1], GROUP_KEYS[2], GROUP_KEYS[3], GROUP_KEYS[4] })
+local bad = check_fixed({ K_DELAYED, 'zset' })
 if bad then return bad end
 local key = k_task(id)
 local f = redis.pcall('HMGET', key, 's', 'g')

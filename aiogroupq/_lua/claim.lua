@@ -42,6 +42,7 @@
 --- @include "ready"
 --- @include "groups"
 --- @include "ends"
+--- @include "recovery"
 
 local consumer, k = ARGV[2], tonumber(ARGV[3])
 local lease_ms, scan_limit = tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -53,7 +54,7 @@ if not (k and lease_ms and scan_limit and promote_limit and recover_limit and re
 end
 local inflight, last_key = KEYS[7], KEYS[8]
 local bad = check_fixed({ K_DELAYED, 'zset', K_LEASES, 'zset', K_DEAD, 'zset',
-  GROUP_KEYS[1], GROUP_KEYS[2], GROUP_KEYS[3], GROUP_KEYS[4], inflight, 'set',
+  inflight, 'set',
   last_key, 'string' })
 if bad then return bad end
 local fence = redis.call('GET', K_FENCE)

@@ -22,9 +22,10 @@
 --- @include "base"
 --- @include "ready"
 --- @include "groups"
+--- @include "holds"
 
 local op = ARGV[2]
-local bad = check_fixed({ K_PAUSED, 'set', GROUP_KEYS[1], GROUP_KEYS[2], GROUP_KEYS[3], GROUP_KEYS[4] })
+local bad = check_fixed({ K_PAUSED, 'set' })
 if bad then return bad end
 
 local function loaded(g)

@@ -17,13 +17,13 @@
 --- @include "base"
 --- @include "ready"
 --- @include "groups"
+--- @include "holds"
 
 local op, n, readied = ARGV[2], 0, 0
 if op ~= 'requeue' and op ~= 'purge' and op ~= 'release' then
   return redis.error_reply('ERR aiogroupq dead: unknown operation ' .. tostring(op))
 end
-local bad = check_fixed({ K_DEAD, 'zset', K_HALTED, 'set',
-  GROUP_KEYS[1], GROUP_KEYS[2], GROUP_KEYS[3], GROUP_KEYS[4] })
+local bad = check_fixed({ K_DEAD, 'zset', K_HALTED, 'set' })
 if bad then return bad end
 
 local function requeue(id, key, g, u)

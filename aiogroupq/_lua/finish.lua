@@ -49,8 +49,7 @@ for i = 0, n - 1 do
   end
   halting = halting or kind == 'halt'
 end
-local more = { K_DELAYED, 'zset', K_LEASES, 'zset', K_DEAD, 'zset',
-  GROUP_KEYS[1], GROUP_KEYS[2], GROUP_KEYS[3], GROUP_KEYS[4] }
+local more = { K_DELAYED, 'zset', K_LEASES, 'zset', K_DEAD, 'zset' }
 if halting then more[#more + 1] = K_HALTED; more[#more + 1] = 'set' end
 local bad = check_fixed(more)
 if bad then return bad end

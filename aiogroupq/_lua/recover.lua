@@ -21,13 +21,14 @@
 --- @include "ready"
 --- @include "groups"
 --- @include "ends"
+--- @include "recovery"
 
 local counted, consumer, retention = ARGV[2] == '1', ARGV[3], tonumber(ARGV[4])
 if not retention then
   return redis.error_reply('ERR aiogroupq recover: malformed arguments')
 end
 local bad = check_fixed({ K_DELAYED, 'zset', K_LEASES, 'zset', K_DEAD, 'zset',
-  GROUP_KEYS[1], GROUP_KEYS[2], GROUP_KEYS[3], GROUP_KEYS[4], KEYS[7], 'set' })
+  KEYS[7], 'set' })
 if bad then return bad end
 local keep = {}
 for i = 5, #ARGV do keep[ARGV[i]] = true end

@@ -32,6 +32,7 @@ local K_PSEQ = PREFIX .. 'pseq'       -- STRING last score sequence number of pr
 local K_BACKLOG = PREFIX .. 'backlog' -- ZSET group -> tasks waiting in its line
 local K_HALTED = PREFIX .. 'halted'   -- SET groups halted behind a dead task
 local K_PAUSED = PREFIX .. 'paused'   -- SET paused groups
+local K_WAITING = PREFIX .. 'waiting' -- ZSET group -> since when its line is not empty
 
 local function k_task(id) return PREFIX .. 't:' .. id end
 local function k_group(g) return PREFIX .. 'grp:' .. g end
@@ -110,21 +111,24 @@ local function conf()
   return CONF
 end
 
--- What a call accumulates and writes once at its end: each lib adds a
--- function here, and every script calls flush() before it returns.
-local FLUSHERS = {}
-local function flush()
-  for _, f in ipairs(FLUSHERS) do f() end
-end
+-- What a call accumulates is written once, at its end: every script calls
+-- flush() before it returns. The libs that accumulate set these.
+local flush_groups, flush_seq
 
 -- Counters of the stats hash, added up during the call.
-local COUNTS = {}
+local COUNTS
 local function bump(field, n)
+  COUNTS = COUNTS or {}
   COUNTS[field] = (COUNTS[field] or 0) + n
 end
-FLUSHERS[#FLUSHERS + 1] = function()
-  for field, n in pairs(COUNTS) do
-    if n ~= 0 then redis.call('HINCRBY', K_STATS, field, n) end
+
+local function flush()
+  if flush_groups then flush_groups() end -- bumps 'groups': before the counters
+  if COUNTS then
+    for field, n in pairs(COUNTS) do
+      if n ~= 0 then redis.call('HINCRBY', K_STATS, field, n) end
+    end
+    COUNTS = nil
   end
-  COUNTS = {}
+  if flush_seq then flush_seq() end
 end

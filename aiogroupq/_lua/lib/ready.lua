@@ -43,7 +43,7 @@ local function seq_next()
   SEQ = SEQ + 1
   return SEQ
 end
-FLUSHERS[#FLUSHERS + 1] = function()
+flush_seq = function()
   if SEQ then redis.call('SET', K_PSEQ, SEQ) end
 end
 
@@ -100,7 +100,8 @@ end
 local function check_fixed(more)
   local bad = preflight({ K_CONF, 'hash' }) -- before conf() reads it
   if bad then return bad end
-  local keys = { K_READY, 'list', K_WAKE, 'list', K_STATS, 'hash' }
+  local keys = { K_READY, 'list', K_WAKE, 'list', K_STATS, 'hash',
+    K_BACKLOG, 'zset', K_WAITING, 'zset' }
   if conf().prio then
     keys[#keys + 1] = K_PREADY; keys[#keys + 1] = 'zset'
     keys[#keys + 1] = K_PSEQ; keys[#keys + 1] = 'string'
