@@ -10,6 +10,7 @@ import logging
 
 from ._fsck import Problem as Problem, check_queue as check_queue
 from ._handlers import Handler as Handler
+from ._schedule import Schedule as Schedule
 from .consumer import Consumer as Consumer, ConsumerStats as ConsumerStats
 from .errors import (
     AiogroupqError as AiogroupqError,
@@ -58,6 +59,7 @@ __all__ = (
     "QueueFullError",
     "RedisUnavailableError",
     "Retry",
+    "Schedule",
     "Task",
     "TaskCancelledError",
     "TaskFailedError",

@@ -34,6 +34,7 @@ PUBLIC_NAMES = frozenset(
         "QueueFullError",
         "RedisUnavailableError",
         "Retry",
+        "Schedule",
         "Task",
         "TaskCancelledError",
         "TaskFailedError",
