@@ -239,6 +239,28 @@ def test_schedule_fields() -> None:
     assert "nightly" in repr(s)
 
 
+def test_a_run_is_due_at_its_tick_and_carries_the_task_fields() -> None:
+    s = aiogroupq.Schedule(
+        "nightly", "report", cron="0 3 * * *", payload=[1, 2], group="reports",
+        max_attempts=5, timeout=2.5, priority=3, expires=60,
+    )  # fmt: skip
+    tick = ms(datetime(2024, 6, 1, 3, 0, tzinfo=UTC))
+    task = s._new_task(tick)
+    assert (task.schedule, task.tick_ms, task.run_at_ms) == ("nightly", tick, tick)
+    assert (task.group, task.priority, task.max_attempts) == ("reports", 3, 5)
+    assert task.expire_at_ms == tick + 60_000  # counted from the tick
+    envelope = unpack(task.envelope)
+    assert (envelope.id, envelope.type, envelope.group) == (
+        task.id,
+        "report",
+        "reports",
+    )
+    assert (envelope.timeout_ms, envelope.enqueued_ms) == (2500, tick)
+    assert bytes(envelope.payload) == b"\x92\x01\x02"  # [1, 2] in MessagePack
+    assert s._new_task(tick).id != task.id  # a fresh id per attempt to enqueue
+    assert aiogroupq.Schedule("b", "t", every=1)._new_task(tick).max_attempts == 3
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
