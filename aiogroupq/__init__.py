@@ -10,6 +10,7 @@ import logging
 
 from ._fsck import Problem as Problem, check_queue as check_queue
 from ._handlers import Handler as Handler
+from ._schedule import Schedule as Schedule
 from .admin import (
     Admin as Admin,
     GroupSettings as GroupSettings,
@@ -75,6 +76,7 @@ __all__ = (
     "Rate",
     "RedisUnavailableError",
     "Retry",
+    "Schedule",
     "Task",
     "TaskCancelledError",
     "TaskExpiredError",

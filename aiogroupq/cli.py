@@ -12,11 +12,18 @@
         handlers = {"import_rows": import_rows}    # in myapp/tasks.py
         $ aiogroupq worker myapp.tasks:handlers --queue imports
 
+    A ``schedules`` list of ``aiogroupq.Schedule`` beside the mapping (in
+    the same module or object) is passed on as ``Consumer(schedules=...)``::
+
+        schedules = [aiogroupq.Schedule("nightly", "import_rows",
+                                        cron="0 3 * * *", tz="Europe/Paris")]
+
 (b) a factory, for full control: ``factory(*, redis_url, queue, concurrency)``
     (``queue`` is ``None`` without ``--queue``) returning a Consumer, an
     awaitable of one, or an async context manager yielding one (to open and
     close what the handlers need around it). The worker enters the Consumer,
-    so do not enter it yourself; set its lease TTL and grace period there::
+    so do not enter it yourself; set its lease TTL, grace period and
+    schedules there::
 
         def make_consumer(*, redis_url, queue, concurrency):
             return aiogroupq.Consumer(redis_url, queue=queue or "imports",
@@ -60,6 +67,7 @@ from . import __version__
 from ._fsck import check_queue
 from ._handlers import build_routes
 from ._keys import validate_queue_name
+from ._schedule import Schedule
 from .consumer import Consumer
 from .errors import ConfigurationError, RedisUnavailableError
 
@@ -275,6 +283,30 @@ def load_target(spec: str) -> Target:
 _MISSING: Final = object()
 
 
+def load_schedules(spec: str) -> list[Schedule]:
+    """The ``schedules`` beside the mapping *spec* names (``[]`` if none).
+
+    :raises UsageError: if ``schedules`` is there but not a list of
+        :class:`~aiogroupq.Schedule`
+    """
+    module_name, _, attr = spec.partition(":")
+    parent: object = sys.modules[module_name]  # imported by load_target
+    for part in attr.split(".")[:-1]:
+        parent = getattr(parent, part)
+    found = getattr(parent, "schedules", _MISSING)
+    if found is _MISSING:
+        return []
+    where = ":".join((module_name, ".".join([*attr.split(".")[:-1], "schedules"])))
+    if not isinstance(found, list | tuple) or not all(
+        isinstance(item, Schedule) for item in found
+    ):
+        raise UsageError(
+            f"{where} must be a list of aiogroupq.Schedule (it is passed on as "
+            f"Consumer(schedules=...)), got {found!r}"
+        )
+    return list(found)
+
+
 def _check_options(spec: str, target: Target, args: argparse.Namespace) -> None:
     try:
         if args.queue is not None:
@@ -284,6 +316,7 @@ def _check_options(spec: str, target: Target, args: argparse.Namespace) -> None:
     if isinstance(target, Mapping):
         if args.queue is None:
             raise UsageError(f"--queue is required: {spec} is a mapping of handlers")
+        args.schedules = load_schedules(spec)
     elif (args.lease_ttl, args.grace_period, args.name) != (None, None, None):
         raise UsageError(
             f"--lease-ttl, --grace-period and --name apply to a mapping of handlers; "
@@ -307,6 +340,7 @@ async def _open_consumer(
             queue=args.queue,
             handlers=target,
             concurrency=args.concurrency,
+            schedules=args.schedules,
             **{name: value for name, value in options.items() if value is not None},
         )
     else:

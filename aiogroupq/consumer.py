@@ -14,6 +14,7 @@ from collections.abc import (
     Awaitable,
     Callable,
     Generator,
+    Iterable,
     Mapping,
     Sequence,
 )
@@ -35,8 +36,9 @@ from ._handlers import Handler, HandlerFunc, build_routes
 from ._identity import Identity
 from ._keys import QueueKeys
 from ._runner import RetryPolicy, Running, run_task
+from ._schedule import Schedule, Scheduler
 from ._validate import setting_int, setting_seconds
-from .errors import ConfigurationError, QueueFullError
+from .errors import ConfigurationError, PayloadTooLargeError, QueueFullError
 from .producer import DEFAULT_MAX_PAYLOAD_BYTES
 
 if TYPE_CHECKING:
@@ -101,7 +103,12 @@ class Consumer(anyio.AsyncContextManagerMixin):
     :param max_payload_bytes: a claimed task whose stored payload is larger
         (checked before decoding) is dead-lettered with reason
         ``PayloadTooLarge: …``; keep it at least the producers' limit
+    :param schedules: periodic tasks this consumer enqueues, racing every
+        other consumer that has them: exactly one enqueue per tick
+        (see :class:`Schedule`)
     :raises ConfigurationError: if an argument is unusable
+    :raises PayloadTooLargeError: if a schedule's payload is over
+        *max_payload_bytes*
     """
 
     def __init__(
@@ -120,6 +127,7 @@ class Consumer(anyio.AsyncContextManagerMixin):
         claim_batch: int = DEFAULT_CLAIM_BATCH,
         on_dead: Callable[[DeadLetter], Awaitable[None]] | None = None,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        schedules: Iterable[Schedule] = (),
     ) -> None:
         self._keys = QueueKeys(queue)
         self._routes = build_routes(handlers)
@@ -139,6 +147,7 @@ class Consumer(anyio.AsyncContextManagerMixin):
                 f"on_dead must be an async callable, got {on_dead!r}"
             )
         self._on_dead = on_dead
+        self._scheduler = self._scheduler_for(schedules)
         self._dead_notices: dict[str, DeadLetter] = {}
         self._side_tasks: TaskGroup | None = None
         self._finisher: Finisher
@@ -177,6 +186,35 @@ class Consumer(anyio.AsyncContextManagerMixin):
             0,
         )
 
+    def _scheduler_for(self, schedules: Iterable[Schedule]) -> Scheduler | None:
+        if isinstance(schedules, Schedule | str) or not isinstance(schedules, Iterable):
+            raise ConfigurationError(
+                f"schedules must be a list of aiogroupq.Schedule, got {schedules!r}"
+            )
+        items = list(schedules)
+        names: set[str] = set()
+        for schedule in items:
+            if not isinstance(schedule, Schedule):
+                raise ConfigurationError(
+                    f"schedules must hold aiogroupq.Schedule items, got {schedule!r}"
+                )
+            if schedule.name in names:
+                raise ConfigurationError(
+                    f"two schedules are named {schedule.name!r}: names identify "
+                    "a schedule's ticks in the queue"
+                )
+            names.add(schedule.name)
+            if schedule.task_type not in self._routes:
+                raise ConfigurationError(
+                    f"schedule {schedule.name!r} runs task type "
+                    f"{schedule.task_type!r}, which has no handler here"
+                )
+            if len(schedule._encoded) > self._max_payload_bytes:
+                raise PayloadTooLargeError(
+                    len(schedule._encoded), self._max_payload_bytes
+                )
+        return Scheduler(self._keys, items) if items else None
+
     @property
     def queue(self) -> str:
         """The queue this consumer claims from."""
@@ -209,6 +247,8 @@ class Consumer(anyio.AsyncContextManagerMixin):
                     self._side_tasks = outer
                     outer.start_soon(finisher.run)
                     outer.start_soon(self._heartbeat_loop, client)
+                    if self._scheduler is not None:
+                        await outer.start(self._scheduler.run, client)
                     try:
                         async with anyio.create_task_group() as inner:
                             await inner.start(self._fetch_loop, client, send)
@@ -269,6 +309,8 @@ class Consumer(anyio.AsyncContextManagerMixin):
 
     def _stop_claiming(self) -> None:
         self._stopping = True
+        if self._scheduler is not None:
+            self._scheduler.stop()
         if self._block_scope is not None:
             self._block_scope.cancel()
         self._free_changed.set()

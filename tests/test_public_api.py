@@ -42,6 +42,7 @@ PUBLIC_NAMES = frozenset(
         "QueueFullError",
         "RedisUnavailableError",
         "Retry",
+        "Schedule",
         "Task",
         "TaskCancelledError",
         "TaskFailedError",
