@@ -13,11 +13,14 @@ from ._handlers import Handler as Handler
 from .consumer import Consumer as Consumer, ConsumerStats as ConsumerStats
 from .errors import (
     AiogroupqError as AiogroupqError,
+    AuthenticationError as AuthenticationError,
     ConfigurationError as ConfigurationError,
+    ConsumerRunningError as ConsumerRunningError,
     InvalidGroupError as InvalidGroupError,
     InvalidTaskError as InvalidTaskError,
     NoResultError as NoResultError,
     PayloadTooLargeError as PayloadTooLargeError,
+    PermissionDeniedError as PermissionDeniedError,
     QueueFullError as QueueFullError,
     RedisUnavailableError as RedisUnavailableError,
     Retry as Retry,
@@ -40,8 +43,10 @@ __version__ = "0.1.0"
 
 __all__ = (
     "AiogroupqError",
+    "AuthenticationError",
     "ConfigurationError",
     "Consumer",
+    "ConsumerRunningError",
     "ConsumerStats",
     "DeadLetter",
     "Handler",
@@ -49,6 +54,7 @@ __all__ = (
     "InvalidTaskError",
     "NoResultError",
     "PayloadTooLargeError",
+    "PermissionDeniedError",
     "Problem",
     "Producer",
     "QueueFullError",

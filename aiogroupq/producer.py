@@ -18,6 +18,7 @@ from . import _scripts, _validate
 from ._codec import encode_payload, pack, payload_decoder, unpack
 from ._connection import (
     RedisLike,
+    check_server,
     open_client,
     socket_timeout,
     unavailable_as_error,
@@ -60,7 +61,17 @@ class Producer(anyio.AsyncContextManagerMixin):
     :param dedup_window: seconds during which a ``dedup_key`` is remembered
     :param retention: seconds a task cancelled through this producer stays
         readable (at least 60)
+    :param allow_eviction: accept a server whose ``maxmemory-policy`` may
+        evict keys (and so lose tasks); by default entering refuses it
     :raises ConfigurationError: if an argument is unusable
+
+    Entering checks the server: its version and its eviction policy
+    (:class:`~aiogroupq.ConfigurationError`), the credentials
+    (:class:`~aiogroupq.AuthenticationError`) and that it answers
+    (:class:`~aiogroupq.RedisUnavailableError`). With a client made from a
+    URL, each Redis round trip of a call, re-sends included, gets 5 seconds
+    before the call raises :class:`~aiogroupq.RedisUnavailableError`; a
+    borrowed client keeps its own timeouts and retry policy.
     """
 
     def __init__(
@@ -73,6 +84,7 @@ class Producer(anyio.AsyncContextManagerMixin):
         default_max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         dedup_window: float | timedelta = DEFAULT_DEDUP_WINDOW,
         retention: float | timedelta = DEFAULT_RETENTION,
+        allow_eviction: bool = False,
     ) -> None:
         self._keys = QueueKeys(queue)
         _validate.setting_int("max_payload_bytes", max_payload_bytes)
@@ -90,6 +102,11 @@ class Producer(anyio.AsyncContextManagerMixin):
         self._retention_ms = _validate.to_ms(
             _validate.setting_seconds("retention", retention)
         )
+        if not isinstance(allow_eviction, bool):
+            raise ConfigurationError(
+                f"allow_eviction must be True or False, got {allow_eviction!r}"
+            )
+        self._allow_eviction = allow_eviction
         self._client: Redis | None = None
 
     @property
@@ -100,6 +117,7 @@ class Producer(anyio.AsyncContextManagerMixin):
     @asynccontextmanager
     async def __asynccontextmanager__(self) -> AsyncGenerator[Self]:
         async with open_client(self._redis, retry=True) as client:
+            await check_server(client, eviction=not self._allow_eviction)
             self._client = client
             try:
                 yield self

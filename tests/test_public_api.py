@@ -18,8 +18,10 @@ import aiogroupq
 PUBLIC_NAMES = frozenset(
     {
         "AiogroupqError",
+        "AuthenticationError",
         "ConfigurationError",
         "Consumer",
+        "ConsumerRunningError",
         "ConsumerStats",
         "DeadLetter",
         "Handler",
@@ -27,6 +29,7 @@ PUBLIC_NAMES = frozenset(
         "InvalidTaskError",
         "NoResultError",
         "PayloadTooLargeError",
+        "PermissionDeniedError",
         "Problem",
         "Producer",
         "QueueFullError",
@@ -132,8 +135,16 @@ def test_error_hierarchy() -> None:
         aiogroupq.NoResultError,
         aiogroupq.QueueFullError,
         aiogroupq.RedisUnavailableError,
+        aiogroupq.ConsumerRunningError,
     ):
         assert issubclass(cls, base)
+    # Refused credentials and ACL denials are configuration, not outages.
+    for config_error in (
+        aiogroupq.AuthenticationError,
+        aiogroupq.PermissionDeniedError,
+    ):
+        assert issubclass(config_error, aiogroupq.ConfigurationError)
+    assert issubclass(aiogroupq.ConsumerRunningError, RuntimeError)
     # Bad arguments are ValueErrors, so generic validation handlers catch them.
     for value_error in (
         aiogroupq.ConfigurationError,
