@@ -346,15 +346,26 @@ class Producer(anyio.AsyncContextManagerMixin):
         )
 
     @unavailable_as_error
-    async def purge_dead(self, *task_ids: str) -> int:
-        """Delete dead letters: the given ones, or all when none is given.
+    async def purge_dead(self, *task_ids: str, all: bool = False) -> int:
+        """Delete the given dead letters, or every one with ``all=True``.
 
+        With no ids and no ``all=True`` nothing is deleted: an id list that
+        happens to be empty must not wipe the queue's dead letters.
         A group halted by a purged task passes on to its next task.
 
+        :param all: delete every dead letter of the queue (no ids then)
         :return: how many dead letters were deleted
+        :raises ConfigurationError: for task ids together with ``all=True``
         """
+        if not isinstance(all, bool):
+            raise ConfigurationError(f"all must be True or False, got {all!r}")
+        if task_ids and all:
+            raise ConfigurationError(
+                f"purge_dead got {len(task_ids)} task ids and all=True: pass "
+                "either the ids to delete or all=True, not both"
+            )
         client = self._open_client()
-        if task_ids:
+        if not all:
             ids = [_validate.task_id(t) for t in task_ids]
             return await _scripts.dead_action(client, self._keys, "purge", ids)
         total = 0

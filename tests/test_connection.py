@@ -39,7 +39,7 @@ PRODUCER_CALLS: dict[str, ProducerCall] = {
     "result": lambda p: p.result(TASK_ID, timeout=1.0),
     "dead_letters": lambda p: p.dead_letters(),
     "requeue_dead": lambda p: p.requeue_dead(TASK_ID),
-    "purge_dead": lambda p: p.purge_dead(),
+    "purge_dead": lambda p: p.purge_dead(all=True),
     "release_group": lambda p: p.release_group("g"),
 }
 

@@ -1,5 +1,5 @@
-"""Entering a Consumer: names held by one live consumer, generated ones too,
-and entering one Consumer twice."""
+"""Entering a Consumer: names held by one live consumer, generated ones too;
+entering one Consumer twice; and the operator's dead-letter purge."""
 
 from __future__ import annotations
 
@@ -125,3 +125,48 @@ async def test_entering_a_running_consumer_is_a_typed_error(
     # And after all that, it runs again.
     async with consumer:
         pass
+
+
+# -- purge_dead ------------------------------------------------------------------
+
+
+async def _dead_letters(
+    redis_client: redis.asyncio.Redis, producer: aiogroupq.Producer, n: int
+) -> list[str]:
+    async def h(i: int) -> None:
+        raise ValueError(i)
+
+    ids = [await producer.enqueue("h", i, max_attempts=1) for i in range(n)]
+    async with aiogroupq.Consumer(redis_client, queue=QUEUE, handlers={"h": h}):
+        with anyio.fail_after(PATIENCE):
+            while len(await producer.dead_letters()) < n:
+                await anyio.sleep(0.01)
+    return ids
+
+
+async def test_purge_dead_with_no_ids_deletes_nothing(
+    redis_client: redis.asyncio.Redis,
+) -> None:
+    # purge_dead(*ids) with an id list that happened to be empty used to
+    # delete every dead letter of the queue.
+    async with aiogroupq.Producer(redis_client, queue=QUEUE) as producer:
+        ids = await _dead_letters(redis_client, producer, 3)
+        assert await producer.purge_dead() == 0
+        assert await producer.purge_dead(*[]) == 0
+        assert len(await producer.dead_letters()) == 3
+        assert await producer.purge_dead(ids[0]) == 1
+        assert await producer.purge_dead(all=True) == 2
+        assert await producer.dead_letters() == []
+        assert await producer.status(ids[1]) is None
+
+
+async def test_purge_dead_refuses_ids_together_with_all(
+    redis_client: redis.asyncio.Redis,
+) -> None:
+    async with aiogroupq.Producer(redis_client, queue=QUEUE) as producer:
+        ids = await _dead_letters(redis_client, producer, 1)
+        with pytest.raises(aiogroupq.ConfigurationError, match="not both"):
+            await producer.purge_dead(ids[0], all=True)
+        with pytest.raises(aiogroupq.ConfigurationError, match="True or False"):
+            await producer.purge_dead(all="yes")  # type: ignore[arg-type]
+        assert len(await producer.dead_letters()) == 1
