@@ -38,8 +38,8 @@ OWN_SOCKET_TIMEOUT: Final = 10.0
 #: connect timeout of clients we create
 OWN_CONNECT_TIMEOUT: Final = 2.0
 #: re-sends of an idempotent command after a connection error, with a random
-#: backoff of at most 100 ms doubling to 1 s: at most about 4.5 s of waiting
-#: in all, cut short by :data:`CALL_BUDGET`
+#: backoff of at most 100 ms doubling to 1 s: at most 3.5 s of waiting in
+#: all, and cut short by :data:`CALL_BUDGET`
 OWN_RETRIES: Final = 6
 #: seconds one Redis round trip of a producer call (or of ``check_queue``,
 #: or of a consumer's start-up checks) may take, re-sends and reconnects
@@ -242,8 +242,9 @@ async def check_server(client: Redis, *, eviction: bool = True) -> None:
     """Refuse servers too old for our scripts, or that may evict our keys.
 
     Needs no privileged command: the version comes from ``HELLO`` (``INFO``
-    as a fallback), and a denied ``CONFIG GET`` only logs a warning. Each
-    round trip gets :data:`CALL_BUDGET`.
+    as a fallback), and a denied ``CONFIG GET`` only logs a warning. One
+    round trip (two if ``HELLO`` is refused), each within
+    :data:`CALL_BUDGET`.
 
     :param eviction: check ``maxmemory-policy`` (False: the user accepted
         eviction, ``allow_eviction=True``)
@@ -252,17 +253,33 @@ async def check_server(client: Redis, *, eviction: bool = True) -> None:
     :raises RedisUnavailableError: if the server does not answer in time
     """
     with translated_errors():
-        # First a plain PING, so that a missing password or a bad database
-        # number reads as such, not as the refusal of a later command.
-        await _bounded(client.ping())
-        version = await _bounded(_server_version(client))
+        # One pipeline: starting a consumer must not cost a round trip per
+        # check (a consumer replacing a stalled one recovers its tasks sooner).
+        # The PING comes first so that a refused password or database
+        # reads as such, not as the refusal of a later command.
+        ping, hello, *policy = await _bounded(_probe(client, eviction=eviction))
+        if isinstance(ping, Exception):
+            raise ping
+        version = await _server_version(client, hello)
         if version is not None and version < (7, 0):
             raise ConfigurationError(
                 f"aiogroupq needs Redis >= 7.0 or Valkey >= 7.2 (script flags); "
                 f"this server is {'.'.join(map(str, version))}"
             )
+        if policy:
+            _check_eviction(client, policy[0])
+
+
+async def _probe(client: Redis, *, eviction: bool) -> list[Any]:
+    async with client.pipeline(transaction=False) as pipe:
+        pipe.ping()
+        # Without arguments HELLO switches nothing: it reports the server.
+        hello: Any = pipe.execute_command
+        hello("HELLO")
         if eviction:
-            await _bounded(_check_eviction(client))
+            pipe.config_get("maxmemory-policy")
+        replies: list[Any] = await pipe.execute(raise_on_error=False)
+        return replies
 
 
 async def _bounded(call: Awaitable[T]) -> T:
@@ -282,23 +299,18 @@ def _version(text: object) -> tuple[int, int] | None:
     return int(major), int(minor) if minor.isdigit() else 0
 
 
-async def _server_version(client: Redis) -> tuple[int, int] | None:
-    """The server's (major, minor), or None if no command may tell it."""
+async def _server_version(client: Redis, hello: Any) -> tuple[int, int] | None:
+    """The server's (major, minor) from a HELLO reply, else from INFO; None
+    if no command may tell it."""
+    if isinstance(hello, list | tuple):
+        hello = dict(zip(hello[::2], hello[1::2], strict=False))
+    if isinstance(hello, dict):
+        for key in ("version", b"version"):
+            if key in hello:
+                return _version(hello[key])
+    # HELLO refused: Redis < 6 (unknown command), or an ACL without it.
     try:
-        # Without arguments HELLO switches nothing: it reports the server.
-        execute: Any = client.execute_command
-        reply: Any = await execute("HELLO")
-    except rexc.ResponseError:  # Redis < 6 (unknown command), or denied
-        pass
-    else:
-        if isinstance(reply, list | tuple):
-            reply = dict(zip(reply[::2], reply[1::2], strict=False))
-        if isinstance(reply, dict):
-            for key in ("version", b"version"):
-                if key in reply:
-                    return _version(reply[key])
-    try:
-        info: Any = await client.info("server")
+        info: Any = await _bounded(client.info("server"))
     except rexc.ResponseError:
         logger.warning(
             "could not read the server's version (HELLO and INFO refused); "
@@ -308,10 +320,8 @@ async def _server_version(client: Redis) -> tuple[int, int] | None:
     return _version(info.get("redis_version", "0"))
 
 
-async def _check_eviction(client: Redis) -> None:
-    try:
-        reply: Any = await client.config_get("maxmemory-policy")
-    except rexc.ResponseError as exc:
+def _check_eviction(client: Redis, reply: Any) -> None:
+    if isinstance(reply, rexc.ResponseError):
         # CONFIG is denied to least-privilege users and renamed or disabled on
         # managed services: say so (once per start), and trust the operator.
         logger.warning(
@@ -319,9 +329,11 @@ async def _check_eviction(client: Redis) -> None:
             "is 'noeviction', or Redis may evict queued tasks under memory "
             "pressure (allow_eviction=True skips this check)",
             _describe(client),
-            exc,
+            reply,
         )
         return
+    if isinstance(reply, Exception):
+        raise reply
     value = reply.get("maxmemory-policy", reply.get(b"maxmemory-policy", b""))
     policy = value.decode() if isinstance(value, bytes) else str(value)
     if policy and policy != "noeviction":

@@ -16,6 +16,7 @@ import re
 from collections.abc import AsyncIterator
 from importlib.resources import files
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -124,7 +125,8 @@ async def worker_url(
 ) -> AsyncIterator[str]:
     """A URL logging in as a user allowed exactly what a worker of QUEUE needs."""
     user = f"aiogroupq-{QUEUE}-{os.getpid()}"
-    await redis_client.execute_command("ACL", "SETUSER", user, *_rule(QUEUE))
+    execute: Any = redis_client.execute_command
+    await execute("ACL", "SETUSER", user, *_rule(QUEUE))
     # As admin: a restricted client must load the scripts itself.
     await redis_client.script_flush()
     try:
@@ -162,7 +164,7 @@ async def test_a_producer_and_a_consumer_work_with_least_privilege(
     async def answer(n: int) -> int:
         return n * 2
 
-    handlers = {
+    handlers: dict[str, Any] = {
         "plain": plain,
         "flaky": flaky,
         "poison": poison,
@@ -215,7 +217,8 @@ async def test_a_producer_and_a_consumer_work_with_least_privilege(
     assert all("maxmemory-policy" in message for message in warned), warned
     # A read-only user may run the consistency check.
     user = f"aiogroupq-check-{os.getpid()}"
-    await redis_client.execute_command(
+    execute: Any = redis_client.execute_command
+    await execute(
         "ACL", "SETUSER", user, "on", ">check-pw", "resetkeys",
         f"~{{aiogroupq:{QUEUE}}}:*", "resetchannels", "-@all",
         "+@read", "+ping", "+hello",
