@@ -33,7 +33,8 @@ T = TypeVar("T")
 RedisLike = str | Redis
 """A ``redis://`` URL (we create and close the client) or a client to borrow."""
 
-#: socket timeout of clients we create: above the longest BLPOP we issue
+#: socket timeout of a consumer's own client: above the longest BLPOP it
+#: issues (a producer's own client uses CALL_BUDGET)
 OWN_SOCKET_TIMEOUT: Final = 10.0
 #: connect timeout of clients we create
 OWN_CONNECT_TIMEOUT: Final = 2.0
@@ -166,7 +167,9 @@ async def open_client(redis: RedisLike, *, retry: bool) -> AsyncIterator[Redis]:
             f"expected a redis:// URL or a redis.asyncio.Redis client, got {redis!r}"
         )
     kwargs: dict[str, object] = {
-        "socket_timeout": OWN_SOCKET_TIMEOUT,
+        # redis-py before 8 reads the handshake of a new connection outside
+        # the retry policy: only the socket timeout bounds that read.
+        "socket_timeout": CALL_BUDGET if retry else OWN_SOCKET_TIMEOUT,
         "socket_connect_timeout": OWN_CONNECT_TIMEOUT,
         "retry": BoundedRetry(OWN_RETRIES, budget=CALL_BUDGET)
         if retry

@@ -124,7 +124,6 @@ async def test_a_frozen_server_fails_every_producer_call_within_the_budget(
         print(f"[frozen] check_queue raised after {check_seconds:.2f} s")  # noqa: T201
         for name, (error, _) in seen.items():
             assert isinstance(error, aiogroupq.RedisUnavailableError), (name, error)
-            assert "within 5 s" in str(error)
         # Once the server runs again, the same producer works (the connections
         # cut mid-command were dropped, not reused out of step).
         with anyio.fail_after(PATIENCE):
