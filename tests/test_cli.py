@@ -322,6 +322,32 @@ async def test_worker_exits_2_at_once_on_bad_credentials_or_database(
 
 
 @pytest.mark.parametrize(
+    ("userinfo", "db", "message"),
+    [
+        ("nobody:hunter2@", "0", "Redis refused the credentials"),
+        ("", "99", "Redis refused the database number"),
+        (":hunter2@", "down", "Redis is unreachable"),
+    ],
+)
+async def test_check_reports_connection_errors_in_one_line(
+    redis_url: str, spawn: Spawn, userinfo: str, db: str, message: str
+) -> None:
+    # A bad database leaked a traceback; refused credentials were retried
+    # for seconds and then reported as "Redis is unreachable".
+    base = redis_url.replace("redis://", f"redis://{userinfo}").rsplit("/", 1)[0]
+    if db == "down":
+        base = f"redis://{userinfo}127.0.0.1:{free_port()}"
+        db = "0"
+    proc = spawn("check", "--queue", "q", "--redis-url", f"{base}/{db}")
+    assert await proc.wait() == 2, proc.output
+    lines = proc.output.strip().splitlines()
+    assert len(lines) == 1, proc.output
+    assert lines[0].startswith("aiogroupq check: error: Redis at "), proc.output
+    assert message in lines[0]
+    assert "hunter2" not in proc.output
+
+
+@pytest.mark.parametrize(
     ("target", "extra", "message"),
     [
         ("tests.no_such_module:handlers", [], "cannot import module"),
