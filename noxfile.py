@@ -5,8 +5,11 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+import tomllib
+from pathlib import Path
 
 import nox
+from packaging.requirements import Requirement
 
 nox.options.sessions = ["lint", "typecheck", "tests"]
 nox.options.reuse_existing_virtualenvs = True
@@ -30,6 +33,38 @@ def tests(session: nox.Session) -> None:
 def tests_all(session: nox.Session) -> None:
     """The test suite on every supported Python found on this machine."""
     _install(session)
+    session.run("pytest", *(session.posargs or ["-n", "auto", "-m", "not chaos"]))
+
+
+def lowest_pins(pyproject: Path = Path("pyproject.toml")) -> list[str]:
+    """``name[extras]==floor`` for every runtime dependency of pyproject.toml.
+
+    Like uv's ``--resolution lowest-direct``: the direct dependencies at
+    their lowest allowed versions, what they pull in at its newest.
+    """
+    project = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]
+    pins = []
+    for line in project["dependencies"]:
+        requirement = Requirement(line)
+        floors = [s.version for s in requirement.specifier if s.operator == ">="]
+        if len(floors) != 1:
+            raise ValueError(f"{line!r}: give exactly one lower bound (>=)")
+        extras = ",".join(sorted(requirement.extras))
+        pins.append(f"{requirement.name}{f'[{extras}]' if extras else ''}=={floors[0]}")
+    return pins
+
+
+@nox.session(name="tests-lowest")
+def tests_lowest(session: nox.Session) -> None:
+    """The test suite with the lowest allowed version of every dependency,
+    so that the floors in pyproject.toml stay true."""
+    session.install("-e", ".[test]", *lowest_pins())
+    session.run(
+        "python",
+        "-c",
+        "from importlib.metadata import version as v; "
+        "print('lowest:', *(f'{p} {v(p)}' for p in ('redis', 'anyio', 'msgspec')))",
+    )
     session.run("pytest", *(session.posargs or ["-n", "auto", "-m", "not chaos"]))
 
 

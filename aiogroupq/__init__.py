@@ -20,8 +20,10 @@ from .admin import (
 from .consumer import Consumer as Consumer, ConsumerStats as ConsumerStats
 from .errors import (
     AiogroupqError as AiogroupqError,
+    AuthenticationError as AuthenticationError,
     BatchTooLargeError as BatchTooLargeError,
     ConfigurationError as ConfigurationError,
+    ConsumerRunningError as ConsumerRunningError,
     CorruptQueueError as CorruptQueueError,
     CorruptTaskError as CorruptTaskError,
     GroupFullError as GroupFullError,
@@ -30,6 +32,7 @@ from .errors import (
     InvalidTaskError as InvalidTaskError,
     NoResultError as NoResultError,
     PayloadTooLargeError as PayloadTooLargeError,
+    PermissionDeniedError as PermissionDeniedError,
     QueueFullError as QueueFullError,
     RedisUnavailableError as RedisUnavailableError,
     Retry as Retry,
@@ -54,9 +57,11 @@ __version__ = "0.1.0"
 __all__ = (
     "Admin",
     "AiogroupqError",
+    "AuthenticationError",
     "BatchTooLargeError",
     "ConfigurationError",
     "Consumer",
+    "ConsumerRunningError",
     "ConsumerStats",
     "CorruptQueueError",
     "CorruptTaskError",
@@ -69,6 +74,7 @@ __all__ = (
     "InvalidTaskError",
     "NoResultError",
     "PayloadTooLargeError",
+    "PermissionDeniedError",
     "Problem",
     "Producer",
     "QueueFullError",

@@ -1,21 +1,30 @@
-"""Own or borrow a ``redis.asyncio.Redis`` client."""
+"""Own or borrow a ``redis.asyncio.Redis`` client; bound its calls, check the
+server it talks to, and turn what it raises into aiogroupq's errors."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Final, ParamSpec, TypeVar
 
 import anyio
+import redis.exceptions as rexc
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
-from redis.exceptions import ConnectionError, ResponseError, TimeoutError
+from redis.backoff import FullJitterBackoff, NoBackoff
 
-from .errors import ConfigurationError, RedisUnavailableError
+from .errors import (
+    AiogroupqError,
+    AuthenticationError,
+    ConfigurationError,
+    PermissionDeniedError,
+    RedisUnavailableError,
+)
 
 logger = logging.getLogger("aiogroupq")
 
@@ -25,14 +34,68 @@ T = TypeVar("T")
 RedisLike = str | Redis
 """A ``redis://`` URL (we create and close the client) or a client to borrow."""
 
-#: socket timeout of clients we create: above the longest BLPOP we issue
+#: socket timeout of a consumer's own client: above the longest BLPOP it
+#: issues (a producer's own client uses CALL_BUDGET)
 OWN_SOCKET_TIMEOUT: Final = 10.0
 #: connect timeout of clients we create
 OWN_CONNECT_TIMEOUT: Final = 2.0
 #: re-sends of an idempotent command after a connection error, with a random
-#: backoff of at most 50 ms doubling to 1 s: at most about 2.5 s of waiting in
-#: all, plus up to the connect timeout per attempt while the host is silent
+#: backoff of at most 100 ms doubling to 1 s: at most 3.5 s of waiting in
+#: all, and cut short by :data:`CALL_BUDGET`
 OWN_RETRIES: Final = 6
+#: seconds one Redis round trip of a producer call (or of ``check_queue``,
+#: or of a consumer's start-up checks) may take, re-sends and reconnects
+#: included, before it fails with RedisUnavailableError: the time a caller
+#: waits after Redis stops answering (down, frozen, cut off)
+CALL_BUDGET: Final = 5.0
+
+# redis-py counts a refused password as a ConnectionError and retries it;
+# waiting does not make a password right.
+_NOT_TRANSIENT: Final[tuple[type[Exception], ...]] = tuple(
+    cls
+    for cls in (
+        rexc.AuthenticationError,
+        getattr(rexc, "AuthorizationError", None),
+        getattr(rexc, "ExternalAuthProviderError", None),
+    )
+    if isinstance(cls, type)
+)
+_AUTH_ERRORS: Final = (*_NOT_TRANSIENT, rexc.AuthenticationWrongNumberOfArgsError)
+
+
+class BoundedRetry(Retry):
+    """redis-py's asyncio :class:`~redis.asyncio.retry.Retry` within a time
+    budget per call, and without re-sending after refused credentials.
+
+    Every command, pipeline and connect of a client goes through
+    :meth:`call_with_retry`, so the budget bounds each round trip, however the
+    server fails: refusing connections (retried with backoff), or frozen
+    (connections accepted by the kernel, no reply ever).
+    """
+
+    def __init__(self, retries: int, *, budget: float) -> None:
+        super().__init__(FullJitterBackoff(cap=1.0, base=0.05), retries)
+        self.budget = budget
+
+    async def call_with_retry(
+        self,
+        do: Callable[[], Awaitable[T]],
+        fail: Callable[..., Any],
+        *args: Any,
+        **kwargs: Any,
+    ) -> T:
+        async def failed(error: Exception, *more: Any) -> None:
+            cleanup = fail(error, *more)  # closes the connection: keep that
+            if inspect.isawaitable(cleanup):
+                await cleanup
+            if isinstance(error, _NOT_TRANSIENT):
+                raise error
+
+        with anyio.move_on_after(self.budget):
+            return await super().call_with_retry(do, failed, *args, **kwargs)
+        # Not a builtin TimeoutError: Producer.result raises that for its own
+        # timeout, and this one must become RedisUnavailableError.
+        raise rexc.TimeoutError(f"no reply from Redis within {self.budget:g} s")
 
 
 def check_borrowed(client: Redis) -> None:
@@ -67,13 +130,50 @@ def require_asyncio() -> None:
         ) from None
 
 
+# The user-info part of a URL: everything from after "scheme://" (or the
+# start) to the LAST "@", so that a password holding "/", "@" or ":" (not
+# percent-encoded, as in a malformed URL) is masked whole.
+_USERINFO: Final = re.compile(r"^(?P<head>[A-Za-z][A-Za-z0-9+.-]*://)?(?P<info>.*)@")
+_SECRET_QUERY: Final = re.compile(r"(?i)([?&](?:password|pass|pwd)=)([^&#]*)")
+
+
+def safe_url(url: str) -> str:
+    """*url* with its password masked, for messages and logs.
+
+    Works on malformed URLs too: whatever stands between ``scheme://`` and the
+    last ``@`` is user info; only a user name before its first ``:`` is kept.
+    A ``password=`` query parameter is masked as well.
+    """
+    text = _SECRET_QUERY.sub(r"\1***", str(url))
+    match = _USERINFO.match(text)
+    if match is None:
+        return text
+    user, colon, _ = match["info"].partition(":")
+    if "/" in user:  # no "user:" before the "@": mask all of it
+        user, colon = "", ":"
+    masked = f"{user}:***" if colon else "***"
+    return f"{match['head'] or ''}{masked}@{text[match.end() :]}"
+
+
+def _redact(text: str, url: str) -> str:
+    """*text* (an error from parsing *url*), or a placeholder if it quotes any
+    piece of *url*'s user info (the parser may have cut the URL anywhere)."""
+    match = _USERINFO.match(url)
+    pieces = re.split(r"[:/@?#]", match["info"]) if match else []
+    secrets = [*pieces, *(m[2] for m in _SECRET_QUERY.finditer(url))]
+    if any(piece and piece in text for piece in secrets):
+        return "the parser's message is withheld: it quotes the credentials"
+    return text
+
+
 @asynccontextmanager
 async def open_client(redis: RedisLike, *, retry: bool) -> AsyncIterator[Redis]:
     """Yield a usable client; close it afterwards only if we created it.
 
     :param retry: keep redis-py's automatic re-sending of commands after a
-        connection error. Only for idempotent callers (enqueue, status); the
-        consumer retries at its own layer, where it knows what is safe.
+        connection error, within :data:`CALL_BUDGET` per round trip. Only for
+        idempotent callers (enqueue, status); the consumer retries at its own
+        layer, where it knows what is safe.
     :raises ConfigurationError: outside asyncio, or for an unusable client
     """
     require_asyncio()
@@ -86,16 +186,20 @@ async def open_client(redis: RedisLike, *, retry: bool) -> AsyncIterator[Redis]:
             f"expected a redis:// URL or a redis.asyncio.Redis client, got {redis!r}"
         )
     kwargs: dict[str, object] = {
-        "socket_timeout": OWN_SOCKET_TIMEOUT,
+        # redis-py before 8 reads the handshake of a new connection outside
+        # the retry policy: only the socket timeout bounds that read.
+        "socket_timeout": CALL_BUDGET if retry else OWN_SOCKET_TIMEOUT,
         "socket_connect_timeout": OWN_CONNECT_TIMEOUT,
-        "retry": Retry(ExponentialWithJitterBackoff(cap=1.0, base=0.05), OWN_RETRIES)
+        "retry": BoundedRetry(OWN_RETRIES, budget=CALL_BUDGET)
         if retry
         else Retry(NoBackoff(), 0),
     }
     try:
         client = Redis.from_url(redis, **kwargs)  # type: ignore[arg-type]
-    except ValueError as exc:
-        raise ConfigurationError(f"unusable Redis URL {redis!r}: {exc}") from exc
+    except (ValueError, TypeError) as exc:
+        raise ConfigurationError(
+            f"unusable Redis URL {safe_url(redis)!r}: {_redact(str(exc), redis)}"
+        ) from None  # the parser's traceback would show the URL again
     try:
         yield client
     finally:
@@ -104,48 +208,168 @@ async def open_client(redis: RedisLike, *, retry: bool) -> AsyncIterator[Redis]:
             await client.aclose()
 
 
+def as_aiogroupq_error(exc: BaseException) -> AiogroupqError | None:
+    """The aiogroupq error a Redis failure stands for, or None if it is
+    not one we know (or already ours)."""
+    if isinstance(exc, AiogroupqError):
+        return None
+    if isinstance(exc, _AUTH_ERRORS):
+        detail = str(exc) or type(exc).__name__
+        if "already authenticated" in detail or "required" in detail:
+            # NOAUTH, which redis-py's handshake can phrase confusingly
+            detail = "the server needs a password and none was given"
+        return AuthenticationError(detail)
+    if isinstance(exc, rexc.NoPermissionError):
+        return PermissionDeniedError(str(exc))
+    if isinstance(exc, rexc.ResponseError) and "DB index" in str(exc):
+        return ConfigurationError(
+            f"Redis refused the database number in the URL ({exc}): use one "
+            "below the server's 'databases' setting (16 by default)"
+        )
+    # Not OSError at large: the builtin TimeoutError is one, and
+    # Producer.result raises it for its own timeout.
+    if isinstance(exc, rexc.ConnectionError | rexc.TimeoutError | ConnectionError):
+        return RedisUnavailableError(str(exc) or type(exc).__name__)
+    return None
+
+
+@contextmanager
+def translated_errors() -> Iterator[None]:
+    """Raise what a Redis failure stands for (see :func:`as_aiogroupq_error`)."""
+    try:
+        yield
+    except Exception as exc:
+        if (ours := as_aiogroupq_error(exc)) is None:
+            raise
+        raise ours from exc
+
+
 def unavailable_as_error(
     method: Callable[P, Awaitable[T]],
 ) -> Callable[P, Awaitable[T]]:
-    """Turn a connection failure that outlived the client's retries into
-    :class:`~aiogroupq.RedisUnavailableError`."""
+    """Turn a Redis failure into its aiogroupq error: a connection failure
+    that outlived the client's retries or its budget into
+    :class:`~aiogroupq.RedisUnavailableError`, refused credentials into
+    :class:`~aiogroupq.AuthenticationError`, and so on."""
 
     @functools.wraps(method)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
-        try:
+        with translated_errors():
             return await method(*args, **kwargs)
-        except (ConnectionError, TimeoutError) as exc:
-            raise RedisUnavailableError(str(exc) or type(exc).__name__) from exc
 
     return wrapper
 
 
-async def check_server(client: Redis) -> None:
-    """Refuse servers too old for our scripts; warn about an eviction policy
-    that would silently drop queue keys.
+async def check_server(client: Redis, *, eviction: bool = True) -> None:
+    """Refuse servers too old for our scripts, or that may evict our keys.
 
-    :raises ConfigurationError: for Redis < 7.0 (Valkey reports 7.2 or later)
+    Needs no privileged command: the version comes from ``HELLO`` (``INFO``
+    as a fallback), and a denied ``CONFIG GET`` only logs a warning. One
+    round trip (two if ``HELLO`` is refused), each within
+    :data:`CALL_BUDGET`.
+
+    :param eviction: check ``maxmemory-policy`` (False: the user accepted
+        eviction, ``allow_eviction=True``)
+    :raises ConfigurationError: for Redis < 7.0 (Valkey reports 7.2 or
+        later), or an eviction policy other than ``noeviction``
+    :raises RedisUnavailableError: if the server does not answer in time
     """
-    info: Any = await client.info("server")
-    version = str(info.get("redis_version", "0"))
-    if tuple(int(part) for part in version.split(".")[:2] if part.isdigit()) < (7, 0):
-        raise ConfigurationError(
-            f"aiogroupq needs Redis >= 7.0 or Valkey >= 7.2 (script flags); "
-            f"this server is {version}"
-        )
+    with translated_errors():
+        # One pipeline: starting a consumer must not cost a round trip per
+        # check (a consumer replacing a stalled one recovers its tasks sooner).
+        # The PING comes first so that a refused password or database
+        # reads as such, not as the refusal of a later command.
+        ping, hello, *policy = await _bounded(_probe(client, eviction=eviction))
+        if isinstance(ping, Exception):
+            raise ping
+        version = await _server_version(client, hello)
+        if version is not None and version < (7, 0):
+            raise ConfigurationError(
+                f"aiogroupq needs Redis >= 7.0 or Valkey >= 7.2 (script flags); "
+                f"this server is {'.'.join(map(str, version))}"
+            )
+        if policy:
+            _check_eviction(client, policy[0])
+
+
+async def _probe(client: Redis, *, eviction: bool) -> list[Any]:
+    async with client.pipeline(transaction=False) as pipe:
+        pipe.ping()
+        # Without arguments HELLO switches nothing: it reports the server.
+        hello: Any = pipe.execute_command
+        hello("HELLO")
+        if eviction:
+            pipe.config_get("maxmemory-policy")
+        replies: list[Any] = await pipe.execute(raise_on_error=False)
+        return replies
+
+
+async def _bounded(call: Awaitable[T]) -> T:
+    # The consumer's own client does not bound its calls (it retries at its
+    # own layer), so its start-up checks are bounded here.
+    with anyio.move_on_after(CALL_BUDGET):
+        return await call
+    raise RedisUnavailableError(f"no reply from Redis within {CALL_BUDGET:g} s")
+
+
+def _version(text: object) -> tuple[int, int] | None:
+    raw = text.decode() if isinstance(text, bytes) else str(text)
+    major, _, rest = raw.partition(".")
+    minor = rest.partition(".")[0]
+    if not major.isdigit():
+        return None
+    return int(major), int(minor) if minor.isdigit() else 0
+
+
+async def _server_version(client: Redis, hello: Any) -> tuple[int, int] | None:
+    """The server's (major, minor) from a HELLO reply, else from INFO; None
+    if no command may tell it."""
+    if isinstance(hello, list | tuple):
+        hello = dict(zip(hello[::2], hello[1::2], strict=False))
+    if isinstance(hello, dict):
+        for key in ("version", b"version"):
+            if key in hello:
+                return _version(hello[key])
+    # HELLO refused: Redis < 6 (unknown command), or an ACL without it.
     try:
-        policy: Any = await client.config_get("maxmemory-policy")
-    except ResponseError:  # CONFIG is often disabled on managed services
+        info: Any = await _bounded(client.info("server"))
+    except rexc.ResponseError:
         logger.warning(
-            "could not read maxmemory-policy; make sure it is 'noeviction', or "
-            "Redis may evict queued tasks under memory pressure"
+            "could not read the server's version (HELLO and INFO refused); "
+            "aiogroupq needs Redis >= 7.0 or Valkey >= 7.2"
+        )
+        return None
+    return _version(info.get("redis_version", "0"))
+
+
+def _check_eviction(client: Redis, reply: Any) -> None:
+    if isinstance(reply, rexc.ResponseError):
+        # CONFIG is denied to least-privilege users and renamed or disabled on
+        # managed services: say so (once per start), and trust the operator.
+        logger.warning(
+            "could not read maxmemory-policy of Redis at %s (%s); make sure it "
+            "is 'noeviction', or Redis may evict queued tasks under memory "
+            "pressure (allow_eviction=True skips this check)",
+            _describe(client),
+            reply,
         )
         return
-    value = policy.get("maxmemory-policy", policy.get(b"maxmemory-policy", b""))
-    value = value.decode() if isinstance(value, bytes) else str(value)
-    if value and value != "noeviction":
-        logger.warning(
-            "Redis maxmemory-policy is %r: under memory pressure it may evict "
-            "queued tasks. Set it to 'noeviction'",
-            value,
+    if isinstance(reply, Exception):
+        raise reply
+    value = reply.get("maxmemory-policy", reply.get(b"maxmemory-policy", b""))
+    policy = value.decode() if isinstance(value, bytes) else str(value)
+    if policy and policy != "noeviction":
+        raise ConfigurationError(
+            f"Redis maxmemory-policy is {policy!r}: under memory pressure Redis "
+            "would evict queue keys (tasks, group locks, parked lists), losing "
+            "acknowledged tasks and breaking group order. Set it to "
+            "'noeviction' (CONFIG SET maxmemory-policy noeviction, and in "
+            "redis.conf), or pass allow_eviction=True to accept the risk"
         )
+
+
+def _describe(client: Redis) -> str:
+    """host:port/db (or the socket path) of *client*, without credentials."""
+    kw = client.connection_pool.connection_kwargs
+    where = kw.get("path") or f"{kw.get('host', 'localhost')}:{kw.get('port', 6379)}"
+    return f"{where}/{kw.get('db', 0)}"

@@ -27,7 +27,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Final, Self
@@ -125,8 +125,10 @@ class ServerProcess:
         :meth:`close`; a given directory is left in place)
     :param port: a fixed port (default: a free one)
     :param config: configuration as ``--name value`` pairs, e.g.
-        ``{"appendonly": "yes", "appendfsync": "always", "maxmemory": "64mb"}``;
-        by default nothing is kept on disk (``save ""``, ``appendonly no``)
+        ``{"appendonly": "yes", "appendfsync": "always", "maxmemory": "64mb"}``,
+        a list for a directive of several words (``{"user": ["bob", "on",
+        ">secret", "~*", "+@all"]}``); by default nothing is kept on disk
+        (``save ""``, ``appendonly no``)
     :param start_timeout: seconds a start may take until PING is answered
     """
 
@@ -136,7 +138,7 @@ class ServerProcess:
         binary: str | None = None,
         workdir: str | os.PathLike[str] | None = None,
         port: int = 0,
-        config: Mapping[str, str | int] | None = None,
+        config: Mapping[str, str | int | Sequence[str]] | None = None,
         start_timeout: float = START_TIMEOUT,
     ) -> None:
         self._binary = binary
@@ -144,10 +146,13 @@ class ServerProcess:
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self._fixed_port = port != 0
         self.port = port
-        self.config: dict[str, str] = {
-            **_DEFAULTS,
-            **{k: str(v) for k, v in (config or {}).items()},
+        self.config: dict[str, list[str]] = {
+            name: [value] for name, value in _DEFAULTS.items()
         }
+        for name, value in (config or {}).items():
+            self.config[name] = (
+                [str(value)] if isinstance(value, str | int) else list(value)
+            )
         self.start_timeout = start_timeout
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -235,8 +240,8 @@ class ServerProcess:
     def _try_start(self, binary: str) -> bool:
         argv = [binary, "--bind", "127.0.0.1", "--port", str(self.port)]
         argv += ["--dir", str(self.workdir)]
-        for name, value in self.config.items():
-            argv += [f"--{name}", value]
+        for name, values in self.config.items():
+            argv += [f"--{name}", *values]
         with open(self.workdir / "server.log", "ab") as log:
             try:
                 self.process = subprocess.Popen(

@@ -254,7 +254,9 @@ class Admin(anyio.AsyncContextManagerMixin):
             ""
             if priority_aging is None
             else _validate.to_ms(
-                _validate.setting_seconds("priority_aging", priority_aging, minimum=0.001)
+                _validate.setting_seconds(
+                    "priority_aging", priority_aging, minimum=0.001
+                )
             )
         )
         client = self._open_client()
@@ -313,7 +315,11 @@ def _group_name(group: object) -> str:
 
 
 def _check_int(name: str, value: object, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or not low <= value <= high
+    ):
         raise ConfigurationError(
             f"{name} must be an int from {low} to {high}, got {value!r}"
         )

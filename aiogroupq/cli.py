@@ -30,12 +30,18 @@
                                       handlers=handlers, concurrency=concurrency)
         $ aiogroupq worker myapp.tasks:make_consumer
 
+While Redis cannot be reached (down, not started yet, not answering), the
+worker logs a warning and tries again, waiting 0.5 s, then twice as long each
+time up to 30 s, until it is ready or stopped. Refused credentials, a bad
+database number or an eviction policy other than ``noeviction`` (see
+``--allow-eviction``) are configuration errors: the worker exits at once.
+
 A first SIGTERM or SIGINT stops claiming and lets running handlers finish
 within the grace period; a second one cancels them. Unfinished tasks are
 handed back to the front of their groups. ``--processes N`` runs N worker
 processes, forwards SIGTERM and SIGINT to them and waits; when one ends by
 itself the others are stopped. Exit status: 0 after a requested stop, 2 for a
-bad command line or target, 1 when a worker failed.
+bad command line, target or configuration, 1 when a worker failed.
 
 ``aiogroupq demo`` runs a mixed workload with several worker processes on a
 throwaway server (or ``--redis-url``) and verifies it from a journal.
@@ -58,12 +64,12 @@ import traceback
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from typing import Any, Final
-from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 from redis.exceptions import RedisError
 
 from . import __version__
+from ._connection import safe_url
 from ._fsck import check_queue
 from ._handlers import build_routes
 from ._keys import validate_queue_name
@@ -80,6 +86,9 @@ _PARENT_POLL: Final = 0.5
 #: how a worker we stopped may end: one stopped before it installed its
 #: signal handlers dies of the signal, which is still a clean stop
 _STOPPED: Final = frozenset({0, -signal.SIGTERM, -signal.SIGINT, 128 + signal.SIGINT})
+#: seconds between attempts to start while Redis is unreachable: the first
+#: wait, then doubling up to the last
+_RETRY_FIRST, _RETRY_MAX = 0.5, 30.0
 
 Target = Mapping[str, Any] | Callable[..., Any]
 
@@ -129,7 +138,7 @@ async def _check(redis_url: str, queue: str) -> int:
     try:
         problems = await check_queue(redis_url, queue)
     except (ConfigurationError, RedisUnavailableError) as exc:
-        raise UsageError(str(exc)) from None
+        raise UsageError(f"Redis at {safe_url(redis_url)}: {exc}") from None
     for problem in problems:
         print(problem)
     print(f"queue {queue!r}: {len(problems)} problems")
@@ -215,6 +224,12 @@ def _parser() -> argparse.ArgumentParser:
         "--name",
         help="consumer name (mapping form; with --processes N, NAME-1..NAME-N): "
         "a worker restarted with its name resumes its unfinished tasks at once",
+    )
+    worker.add_argument(
+        "--allow-eviction",
+        action="store_true",
+        help="(mapping form) run even if Redis's maxmemory-policy may evict "
+        "keys, which can lose tasks; by default the worker refuses to start",
     )
     worker.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     # Set by --processes for its children: stop when the supervisor is gone.
@@ -317,10 +332,13 @@ def _check_options(spec: str, target: Target, args: argparse.Namespace) -> None:
         if args.queue is None:
             raise UsageError(f"--queue is required: {spec} is a mapping of handlers")
         args.schedules = load_schedules(spec)
-    elif (args.lease_ttl, args.grace_period, args.name) != (None, None, None):
+    elif (args.lease_ttl, args.grace_period, args.name) != (None, None, None) or (
+        args.allow_eviction
+    ):
         raise UsageError(
-            f"--lease-ttl, --grace-period and --name apply to a mapping of handlers; "
-            f"{spec} is a factory: set them in the Consumer it creates"
+            "--lease-ttl, --grace-period, --allow-eviction and --name apply to a "
+            f"mapping of handlers; {spec} is a factory: set them in the Consumer "
+            "it creates"
         )
 
 
@@ -334,6 +352,7 @@ async def _open_consumer(
             "lease_ttl": args.lease_ttl,
             "grace_period": args.grace_period,
             "name": args.name,
+            "allow_eviction": args.allow_eviction or None,
         }
         made: Any = Consumer(
             args.redis_url,
@@ -379,13 +398,13 @@ def _worker(args: argparse.Namespace) -> int:
         if isinstance(exc, UsageError):
             raise exc from exc.__cause__
         if isinstance(exc, ConfigurationError):  # e.g. an unusable --redis-url
-            raise UsageError(str(exc)) from None
+            raise UsageError(f"Redis at {safe_url(args.redis_url)}: {exc}") from None
         if isinstance(exc, KeyboardInterrupt):
             return 128 + signal.SIGINT
         if isinstance(exc, RedisError | OSError):
             logger.critical(
                 "worker stopped: Redis at %s failed: %s",
-                _safe_url(args.redis_url),
+                safe_url(args.redis_url),
                 exc,
                 exc_info=exc if args.verbose else None,
             )
@@ -406,13 +425,33 @@ async def _serve(spec: str, target: Target, args: argparse.Namespace) -> None:
                 tg.start_soon(_watch_parent, args.parent_pid, stop)
             try:
                 with run_scope:
-                    async with _open_consumer(spec, target, args) as consumer:
-                        logger.info(
-                            "worker ready: %s on queue %r", spec, consumer.queue
-                        )
-                        await stop.wait()
+                    await _consume(spec, target, args, stop)
             finally:
                 tg.cancel_scope.cancel()
+
+
+async def _consume(
+    spec: str, target: Target, args: argparse.Namespace, stop: anyio.Event
+) -> None:
+    """Run the consumer until *stop*; while Redis is unreachable, try again
+    with backoff (a worker may well start before its Redis)."""
+    wait = _RETRY_FIRST
+    while not stop.is_set():
+        try:
+            async with _open_consumer(spec, target, args) as consumer:
+                logger.info("worker ready: %s on queue %r", spec, consumer.queue)
+                await stop.wait()
+                return
+        except RedisUnavailableError as exc:
+            logger.warning(
+                "Redis at %s is unreachable (%s); trying again in %.1f s",
+                safe_url(args.redis_url),
+                exc.detail,
+                wait,
+            )
+        with anyio.move_on_after(wait):
+            await stop.wait()
+        wait = min(wait * 2, _RETRY_MAX)
 
 
 async def _watch_signals(
@@ -439,15 +478,6 @@ async def _watch_parent(parent_pid: int, stop: anyio.Event) -> None:
             break
     logger.warning("the supervising process %d is gone: stopping", parent_pid)
     stop.set()
-
-
-def _safe_url(url: str) -> str:
-    """*url* without its password, for logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 # -- several worker processes --------------------------------------------------

@@ -18,9 +18,10 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from types import TracebackType
 from typing import TYPE_CHECKING, Final, Self
 
 import anyio
@@ -30,7 +31,13 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from . import _scripts
-from ._connection import RedisLike, check_server, open_client, socket_timeout
+from ._connection import (
+    RedisLike,
+    check_server,
+    open_client,
+    socket_timeout,
+    translated_errors,
+)
 from ._finisher import Finisher
 from ._handlers import Handler, HandlerFunc, build_routes
 from ._identity import Identity
@@ -38,7 +45,12 @@ from ._keys import QueueKeys
 from ._runner import RetryPolicy, Running, run_task
 from ._schedule import Schedule, Scheduler
 from ._validate import setting_int, setting_seconds
-from .errors import ConfigurationError, PayloadTooLargeError, QueueFullError
+from .errors import (
+    ConfigurationError,
+    ConsumerRunningError,
+    PayloadTooLargeError,
+    QueueFullError,
+)
 from .producer import DEFAULT_MAX_PAYLOAD_BYTES
 
 if TYPE_CHECKING:
@@ -54,11 +66,15 @@ DEFAULT_CLAIM_BATCH: Final = 32
 _SERVER_TICK: Final = 0.25
 #: Redis errors after which the fetcher backs off and tries again
 _BACKOFF_FIRST, _BACKOFF_MAX = 0.05, 5.0
+#: random bytes in a generated consumer name: nobody can guess a live
+#: consumer's name and take over its tasks by naming itself so
+_NAME_RANDOM_BYTES: Final = 8
 
 
 @dataclass(frozen=True, slots=True)
 class ConsumerStats:
-    """Counters of one consumer since it started (see :attr:`Consumer.stats`)."""
+    """Counters of one consumer since it was created, over all its runs
+    (see :attr:`Consumer.stats`)."""
 
     claimed: int
     succeeded: int
@@ -70,13 +86,18 @@ class ConsumerStats:
     running: int
 
 
-class Consumer(anyio.AsyncContextManagerMixin):
+class Consumer:
     """Runs handlers in the background while its ``async with`` block is open.
 
     Entering starts claiming (claims are live when the block begins). Leaving
     stops claiming, gives running handlers ``grace_period`` seconds, cancels
     what is still running and hands every unfinished task back to the front of
-    its group, without counting the attempt.
+    its group, without counting the attempt. A Consumer may be entered again
+    after its block ended (a fresh run under the same name); entering it
+    while it runs raises :class:`~aiogroupq.ConsumerRunningError`.
+
+    Entering checks the server (version, eviction policy, credentials) and
+    takes the consumer's name; see :meth:`__aenter__` for what it raises.
 
     :param redis: a ``redis://`` URL, or a ``redis.asyncio.Redis`` client to
         borrow (never closed by us; must have ``decode_responses=False``)
@@ -87,8 +108,9 @@ class Consumer(anyio.AsyncContextManagerMixin):
     :param concurrency: handlers running at once in this consumer
     :param lease_ttl: seconds a silent consumer keeps its tasks and groups;
         heartbeats renew it every third of that while handlers run
-    :param name: the consumer's identity in Redis (default: host, pid and a
-        random suffix)
+    :param name: the consumer's identity in Redis (default: host, pid and 64
+        random bits). A name is held by one live consumer at a time, generated
+        names included
     :param grace_period: seconds running handlers get to finish on exit
     :param retention: seconds a succeeded or cancelled task's state (and
         stored result) stays readable; at least 60 are kept, so that a re-sent
@@ -106,6 +128,8 @@ class Consumer(anyio.AsyncContextManagerMixin):
     :param schedules: periodic tasks this consumer enqueues, racing every
         other consumer that has them: exactly one enqueue per tick
         (see :class:`Schedule`)
+    :param allow_eviction: accept a server whose ``maxmemory-policy`` may
+        evict keys (and so lose tasks); by default entering refuses it
     :raises ConfigurationError: if an argument is unusable
     :raises PayloadTooLargeError: if a schedule's payload is over
         *max_payload_bytes*
@@ -128,6 +152,7 @@ class Consumer(anyio.AsyncContextManagerMixin):
         on_dead: Callable[[DeadLetter], Awaitable[None]] | None = None,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         schedules: Iterable[Schedule] = (),
+        allow_eviction: bool = False,
     ) -> None:
         self._keys = QueueKeys(queue)
         self._routes = build_routes(handlers)
@@ -146,6 +171,12 @@ class Consumer(anyio.AsyncContextManagerMixin):
             raise ConfigurationError(
                 f"on_dead must be an async callable, got {on_dead!r}"
             )
+        if not isinstance(allow_eviction, bool):
+            raise ConfigurationError(
+                f"allow_eviction must be True or False, got {allow_eviction!r}"
+            )
+        self._allow_eviction = allow_eviction
+        self._run: AbstractAsyncContextManager[Self] | None = None
         self._on_dead = on_dead
         self._scheduler = self._scheduler_for(schedules)
         self._dead_notices: dict[str, DeadLetter] = {}
@@ -162,12 +193,13 @@ class Consumer(anyio.AsyncContextManagerMixin):
             setting_seconds("retry_backoff_max", retry_backoff_max),
         )
         self.name: str = name or (
-            f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+            f"{socket.gethostname()}:{os.getpid()}:"
+            f"{secrets.token_hex(_NAME_RANDOM_BYTES)}"
         )
-        # A generated name is unique; an explicit one must be held.
-        self._identity = (
-            None if name is None else Identity(self._keys, name, self._lease_ttl)
-        )
+        # Every name is held while its consumer runs, a generated one too:
+        # else a consumer named (by mistake or malice) like a live one would
+        # take over its running tasks at start, and a group would run twice.
+        self._identity = Identity(self._keys, self.name, self._lease_ttl)
         self._running: dict[str, Running] = {}
         self._free = concurrency
         self._free_changed = anyio.Event()
@@ -227,11 +259,56 @@ class Consumer(anyio.AsyncContextManagerMixin):
 
     # -- lifecycle ---------------------------------------------------------
 
+    async def __aenter__(self) -> Self:
+        """Check the server, take the consumer's name and start claiming.
+
+        :raises ConsumerRunningError: if this Consumer is already running
+        :raises ConfigurationError: for a server older than Redis 7.0, an
+            eviction policy other than ``noeviction`` (unless
+            ``allow_eviction=True``), a bad URL or database number, or a name
+            another live consumer holds (after waiting 1.5 x ``lease_ttl``)
+        :raises AuthenticationError: if Redis refuses the credentials
+        :raises PermissionDeniedError: if the Redis user may not use this queue
+        :raises RedisUnavailableError: if Redis does not answer within 5 s
+        """
+        # Like anyio's AsyncContextManagerMixin, written out to refuse a
+        # second entry with a typed error, and already while the first one is
+        # still starting (the mixin only knows once it has started).
+        if self._run is not None:
+            raise ConsumerRunningError(self.name)
+        run = self._run = self.__asynccontextmanager__()
+        try:
+            return await run.__aenter__()
+        except BaseException:
+            self._run = None
+            raise
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> bool | None:
+        """Stop claiming, let running handlers finish and hand back the rest."""
+        if (run := self._run) is None:
+            raise RuntimeError("this Consumer has not been entered")
+        try:
+            return await run.__aexit__(exc_type, exc, traceback)
+        finally:
+            self._run = None  # only now: the run has wound down
+
     @asynccontextmanager
     async def __asynccontextmanager__(self) -> AsyncGenerator[Self]:
+        # A fresh run: nothing of a previous one may leak into it.
+        self._stopping = False
+        self._running = {}
+        self._free = self._concurrency
+        self._free_changed = anyio.Event()
+        self._block_scope = None
+        self._dead_notices = {}
         async with open_client(self._redis, retry=False) as client:
-            await check_server(client)
-            if self._identity is not None:
+            await check_server(client, eviction=not self._allow_eviction)
+            with translated_errors():
                 await self._identity.acquire(client)
             finisher = self._finisher = Finisher(
                 client,
@@ -303,9 +380,8 @@ class Consumer(anyio.AsyncContextManagerMixin):
             )
             if given_back:
                 logger.info("gave back %d tasks claimed while stopping", given_back)
-        if self._identity is not None:
-            with contextlib.suppress(RedisError, OSError):
-                await self._identity.release(client)
+        with contextlib.suppress(RedisError, OSError):
+            await self._identity.release(client)
 
     def _stop_claiming(self) -> None:
         self._stopping = True
@@ -568,9 +644,8 @@ class Consumer(anyio.AsyncContextManagerMixin):
         lease_ms = round(self._lease_ttl * 1000)
         while True:
             await anyio.sleep(interval)
-            if self._identity is not None:
-                with contextlib.suppress(RedisError, OSError):
-                    await self._identity.renew(client)
+            with contextlib.suppress(RedisError, OSError):
+                await self._identity.renew(client)
             snapshot = list(self._running.values())
             if not snapshot:
                 continue

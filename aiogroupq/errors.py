@@ -4,6 +4,9 @@ The hierarchy::
 
     AiogroupqError
     ├── ConfigurationError          a Producer/Consumer argument or client is unusable
+    │   ├── AuthenticationError     Redis refused the user name or password
+    │   └── PermissionDeniedError   the Redis user may not run a command or touch a key
+    ├── ConsumerRunningError        a Consumer was entered while already running
     ├── InvalidTaskError            a task is refused before anything is written
     │   ├── BatchTooLargeError      more tasks in one enqueue_many than allowed
     │   ├── InvalidGroupError       empty, too long or not a string
@@ -29,8 +32,10 @@ from __future__ import annotations
 
 __all__ = (
     "AiogroupqError",
+    "AuthenticationError",
     "BatchTooLargeError",
     "ConfigurationError",
+    "ConsumerRunningError",
     "CorruptQueueError",
     "CorruptTaskError",
     "GroupFullError",
@@ -39,6 +44,7 @@ __all__ = (
     "InvalidTaskError",
     "NoResultError",
     "PayloadTooLargeError",
+    "PermissionDeniedError",
     "QueueFullError",
     "RedisUnavailableError",
     "Retry",
@@ -58,7 +64,49 @@ class AiogroupqError(Exception):
 
 
 class ConfigurationError(AiogroupqError, ValueError):
-    """A constructor argument, or a borrowed Redis client, cannot be used."""
+    """A constructor argument, a borrowed Redis client, or the Redis server's
+    configuration cannot be used."""
+
+
+class AuthenticationError(ConfigurationError):
+    """Redis refused the credentials (wrong password, unknown or disabled user,
+    or none given to a server that requires them).
+
+    Not retried: a wrong password does not get better by waiting.
+    """
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(
+            f"Redis refused the credentials ({detail}): check the user name and "
+            "password in the URL (redis://user:password@host:port/db) or the client"
+        )
+        self.detail = detail
+
+
+class PermissionDeniedError(ConfigurationError):
+    """The Redis user may not run a command or touch a key the queue needs
+    (an ACL ``NOPERM`` reply); see "Running with least privilege" in
+    docs/guarantees.md for the rule a queue's user needs."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(
+            f"Redis denied access ({detail}): the user needs the commands and the "
+            "key pattern ~{aiogroupq:<queue>}:* of this queue"
+        )
+        self.detail = detail
+
+
+class ConsumerRunningError(AiogroupqError, RuntimeError):
+    """A :class:`~aiogroupq.Consumer` was entered while it was already running
+    (or starting). Leave its ``async with`` block first, or use another
+    Consumer."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(
+            f"consumer {name!r} is already running: leave its 'async with' block "
+            "before entering it again, or create another Consumer"
+        )
+        self.name = name
 
 
 class InvalidTaskError(AiogroupqError, ValueError):
@@ -222,13 +270,12 @@ class CorruptQueueError(AiogroupqError):
 
 
 class RedisUnavailableError(AiogroupqError, ConnectionError):
-    """Redis could not be reached, even after the client's retries."""
+    """Redis could not be reached, or did not answer, within the budget (see
+    "Errors" in docs/usage.md)."""
 
     def __init__(self, detail: str) -> None:
-        super().__init__(
-            f"Redis is unreachable ({detail}); the command was retried "
-            "with backoff and gave up"
-        )
+        super().__init__(f"Redis is unreachable or not answering ({detail})")
+        self.detail = detail
 
 
 class Retry(Exception):  # a control-flow signal, like anyio's WouldBlock

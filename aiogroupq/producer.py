@@ -25,6 +25,7 @@ from ._codec import (
 )
 from ._connection import (
     RedisLike,
+    check_server,
     open_client,
     socket_timeout,
     unavailable_as_error,
@@ -79,7 +80,17 @@ class Producer(anyio.AsyncContextManagerMixin):
     :param dedup_window: seconds during which a ``dedup_key`` is remembered
     :param retention: seconds a task cancelled through this producer stays
         readable (at least 60)
+    :param allow_eviction: accept a server whose ``maxmemory-policy`` may
+        evict keys (and so lose tasks); by default entering refuses it
     :raises ConfigurationError: if an argument is unusable
+
+    Entering checks the server: its version and its eviction policy
+    (:class:`~aiogroupq.ConfigurationError`), the credentials
+    (:class:`~aiogroupq.AuthenticationError`) and that it answers
+    (:class:`~aiogroupq.RedisUnavailableError`). With a client made from a
+    URL, each Redis round trip of a call, re-sends included, gets 5 seconds
+    before the call raises :class:`~aiogroupq.RedisUnavailableError`; a
+    borrowed client keeps its own timeouts and retry policy.
     """
 
     def __init__(
@@ -92,6 +103,7 @@ class Producer(anyio.AsyncContextManagerMixin):
         default_max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         dedup_window: float | timedelta = DEFAULT_DEDUP_WINDOW,
         retention: float | timedelta = DEFAULT_RETENTION,
+        allow_eviction: bool = False,
     ) -> None:
         self._keys = QueueKeys(queue)
         _validate.setting_int("max_payload_bytes", max_payload_bytes)
@@ -109,6 +121,11 @@ class Producer(anyio.AsyncContextManagerMixin):
         self._retention_ms = _validate.to_ms(
             _validate.setting_seconds("retention", retention)
         )
+        if not isinstance(allow_eviction, bool):
+            raise ConfigurationError(
+                f"allow_eviction must be True or False, got {allow_eviction!r}"
+            )
+        self._allow_eviction = allow_eviction
         self._client: Redis | None = None
 
     @property
@@ -119,6 +136,7 @@ class Producer(anyio.AsyncContextManagerMixin):
     @asynccontextmanager
     async def __asynccontextmanager__(self) -> AsyncGenerator[Self]:
         async with open_client(self._redis, retry=True) as client:
+            await check_server(client, eviction=not self._allow_eviction)
             self._client = client
             try:
                 yield self
@@ -427,15 +445,26 @@ class Producer(anyio.AsyncContextManagerMixin):
         )
 
     @unavailable_as_error
-    async def purge_dead(self, *task_ids: str) -> int:
-        """Delete dead letters: the given ones, or all when none is given.
+    async def purge_dead(self, *task_ids: str, all: bool = False) -> int:
+        """Delete the given dead letters, or every one with ``all=True``.
 
+        With no ids and no ``all=True`` nothing is deleted: an id list that
+        happens to be empty must not wipe the queue's dead letters.
         A group halted by a purged task passes on to its next task.
 
+        :param all: delete every dead letter of the queue (no ids then)
         :return: how many dead letters were deleted
+        :raises ConfigurationError: for task ids together with ``all=True``
         """
+        if not isinstance(all, bool):
+            raise ConfigurationError(f"all must be True or False, got {all!r}")
+        if task_ids and all:
+            raise ConfigurationError(
+                f"purge_dead got {len(task_ids)} task ids and all=True: pass "
+                "either the ids to delete or all=True, not both"
+            )
         client = self._open_client()
-        if task_ids:
+        if not all:
             ids = [_validate.task_id(t) for t in task_ids]
             return await _scripts.dead_action(client, self._keys, "purge", ids)
         total = 0

@@ -17,6 +17,7 @@ import redis.asyncio
 
 import aiogroupq
 from aiogroupq import _demo
+from aiogroupq._server import ServerProcess, free_port
 
 from . import example_app
 
@@ -249,15 +250,102 @@ async def test_processes_report_a_failed_child(spawn: Spawn) -> None:
 
 
 @pytest.mark.slow
-async def test_unreachable_redis_exits_1_without_leaking_the_password(
-    spawn: Spawn,
+async def test_worker_started_before_redis_waits_for_it_then_consumes(
+    tmp_path: Path, spawn: Spawn
 ) -> None:
-    proc = spawn(
-        "worker", "tests.example_app:handlers", "--queue", "q",
-        "--redis-url", "redis://:hunter2@127.0.0.1:1/0",
+    # A worker often starts before its Redis (containers, boot order). It
+    # used to exit 1 at once; now it retries with backoff, saying where it
+    # tries (password masked), and is ready as soon as the server is.
+    (tmp_path / "late").mkdir()
+    server = ServerProcess(  # a free port, nothing there yet
+        workdir=tmp_path / "late",
+        port=free_port(),
+        config={"user": ["worker", "on", ">hunter2", "~*", "&*", "+@all"]},
+    )
+    url = f"redis://worker:hunter2@127.0.0.1:{server.port}/0"
+    worker = spawn(
+        "worker", "tests.example_app:handlers", "--queue", "cli-late",
+        "--redis-url", url,
     )  # fmt: skip
-    assert await proc.wait() == 1
-    assert "Redis at redis://:***@127.0.0.1:1/0 failed" in proc.output
+    await worker.wait_for_output("is unreachable", count=2)  # it keeps trying
+    masked = f"redis://worker:***@127.0.0.1:{server.port}/0"
+    assert re.search(
+        rf"WARNING .* Redis at {re.escape(masked)} is unreachable", (worker.output)
+    ), worker.output
+    server.start()
+    client = redis.asyncio.Redis(port=server.port)
+    try:
+        await worker.wait_for_output("worker ready")
+        ids = await _enqueue(client, "cli-late", 20, groups=3)
+        await _until_state(client, "cli-late", ids, worker)
+        worker.signal(signal.SIGTERM)
+        assert await worker.wait() == 0, worker.output
+    finally:
+        await client.aclose()
+        server.stop()
+    assert "hunter2" not in worker.output
+
+
+@pytest.mark.slow
+async def test_worker_stopped_while_waiting_for_redis_exits_0(spawn: Spawn) -> None:
+    worker = spawn(
+        "worker", "tests.example_app:handlers", "--queue", "q",
+        "--redis-url", f"redis://:hunter2@127.0.0.1:{free_port()}/0",
+    )  # fmt: skip
+    await worker.wait_for_output("is unreachable")
+    worker.signal(signal.SIGTERM)
+    assert await worker.wait() == 0, worker.output
+    assert "hunter2" not in worker.output
+
+
+@pytest.mark.parametrize(
+    ("userinfo", "db", "message"),
+    [
+        ("nobody:hunter2@", 0, "Redis refused the credentials"),
+        ("", 99, "Redis refused the database number"),
+    ],
+)
+async def test_worker_exits_2_at_once_on_bad_credentials_or_database(
+    redis_url: str, spawn: Spawn, userinfo: str, db: int, message: str
+) -> None:
+    # Configuration, not a transient failure: no retrying, a one-line error.
+    # (Refused credentials used to be retried as a connection error.)
+    url = redis_url.replace("redis://", f"redis://{userinfo}").rsplit("/", 1)[0]
+    worker = spawn(
+        "worker", "tests.example_app:handlers", "--queue", "q",
+        "--redis-url", f"{url}/{db}",
+    )  # fmt: skip
+    assert await worker.wait(timeout=PATIENCE) == 2, worker.output
+    assert "is unreachable" not in worker.output
+    lines = worker.output.strip().splitlines()
+    assert lines[-1].startswith("aiogroupq worker: error: Redis at "), worker.output
+    assert message in lines[-1]
+    assert "hunter2" not in worker.output
+
+
+@pytest.mark.parametrize(
+    ("userinfo", "db", "message"),
+    [
+        ("nobody:hunter2@", "0", "Redis refused the credentials"),
+        ("", "99", "Redis refused the database number"),
+        (":hunter2@", "down", "Redis is unreachable"),
+    ],
+)
+async def test_check_reports_connection_errors_in_one_line(
+    redis_url: str, spawn: Spawn, userinfo: str, db: str, message: str
+) -> None:
+    # A bad database leaked a traceback; refused credentials were retried
+    # for seconds and then reported as "Redis is unreachable".
+    base = redis_url.replace("redis://", f"redis://{userinfo}").rsplit("/", 1)[0]
+    if db == "down":
+        base = f"redis://{userinfo}127.0.0.1:{free_port()}"
+        db = "0"
+    proc = spawn("check", "--queue", "q", "--redis-url", f"{base}/{db}")
+    assert await proc.wait() == 2, proc.output
+    lines = proc.output.strip().splitlines()
+    assert len(lines) == 1, proc.output
+    assert lines[0].startswith("aiogroupq check: error: Redis at "), proc.output
+    assert message in lines[0]
     assert "hunter2" not in proc.output
 
 

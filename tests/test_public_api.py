@@ -26,8 +26,10 @@ PUBLIC_NAMES = frozenset(
         "CorruptQueueError",
         "BatchTooLargeError",
         "Admin",
+        "AuthenticationError",
         "ConfigurationError",
         "Consumer",
+        "ConsumerRunningError",
         "ConsumerStats",
         "CorruptTaskError",
         "DeadLetter",
@@ -37,6 +39,7 @@ PUBLIC_NAMES = frozenset(
         "InvalidTaskError",
         "NoResultError",
         "PayloadTooLargeError",
+        "PermissionDeniedError",
         "Problem",
         "Producer",
         "QueueFullError",
@@ -148,8 +151,16 @@ def test_error_hierarchy() -> None:
         aiogroupq.CorruptTaskError,
         aiogroupq.QueueFullError,
         aiogroupq.RedisUnavailableError,
+        aiogroupq.ConsumerRunningError,
     ):
         assert issubclass(cls, base)
+    # Refused credentials and ACL denials are configuration, not outages.
+    for config_error in (
+        aiogroupq.AuthenticationError,
+        aiogroupq.PermissionDeniedError,
+    ):
+        assert issubclass(config_error, aiogroupq.ConfigurationError)
+    assert issubclass(aiogroupq.ConsumerRunningError, RuntimeError)
     # Bad arguments are ValueErrors, so generic validation handlers catch them.
     for value_error in (
         aiogroupq.ConfigurationError,

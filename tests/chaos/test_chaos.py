@@ -29,7 +29,7 @@ import anyio
 import pytest
 import redis.asyncio
 from redis.asyncio.retry import Retry as AsyncRetry
-from redis.backoff import ExponentialWithJitterBackoff
+from redis.backoff import FullJitterBackoff
 
 import aiogroupq
 
@@ -439,7 +439,7 @@ async def test_resent_enqueue_runs_a_task_once(tmp_path: Path) -> None:
         client = redis.asyncio.Redis.from_url(
             c.producer_url,
             socket_timeout=10,
-            retry=AsyncRetry(ExponentialWithJitterBackoff(cap=1.0, base=0.05), 6),
+            retry=AsyncRetry(FullJitterBackoff(cap=1.0, base=0.05), 6),
         )
         try:
             async with aiogroupq.Producer(client, queue=QUEUE) as producer:

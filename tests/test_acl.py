@@ -1,0 +1,253 @@
+"""Least privilege: a producer and a consumer run as a Redis ACL user limited
+to one queue's keys and the commands aiogroupq sends, and are refused another
+queue's keys.
+
+The command list is derived from the Lua scripts (every ``redis.call('X'`` /
+``redis.pcall('X'``) plus the commands the Python side sends itself, so that
+this test keeps up with the scripts; docs/operations.md must show the same
+list ("An ACL user per queue").
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import AsyncIterator
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import redis.asyncio
+
+import aiogroupq
+from aiogroupq import TaskState
+
+QUEUE = "acl"
+OTHER = "acl-other"
+ROOT = Path(__file__).resolve().parents[1]
+#: liveness only
+PATIENCE = 30.0
+
+# Commands the Python side sends itself (not from inside a script), by the
+# redis-py method that sends them. HELLO is sent by the server check (and by
+# redis-py's handshake); CONFIG GET and INFO are optional: refused, they only
+# cost a warning, so the rule leaves them out.
+PYTHON_COMMANDS = {
+    "ping": "ping",
+    "evalsha": "evalsha",
+    "script_load": "script|load",  # after NOSCRIPT (SCRIPT FLUSH, restart)
+    "eval": "eval",  # the call itself after NOSCRIPT
+    "zscore": "zscore",  # which of a claim's dead-lettered ids are dead (on_dead)
+    "time": "time",  # a schedule's next tick, on the server's clock
+    "get": "get",  # a schedule's last tick
+    "set": "set",  # a new schedule's start (SET NX)
+    "blpop": "blpop",  # consumers wait on the wake list; result() on done:<id>
+    "rpush": "rpush",
+    "hget": "hget",  # status()
+    "zrange": "zrange",  # dead_letters()
+    "hmget": "hmget",  # dead_letters()
+}
+HANDSHAKE = {"hello"}
+OPTIONAL = {"config_get": "config|get", "info": "info"}
+# Methods that send no command of their own.
+NOT_COMMANDS = {"pipeline", "aclose", "execute", "execute_command", "scan_iter"}
+# Modules outside what producers and consumers run (the consistency check,
+# the demo and its embedded server).
+OPERATOR_MODULES = {"_fsck.py", "_demo.py", "_embedded.py"}
+
+
+def lua_commands() -> set[str]:
+    """Every command a script calls, lower case."""
+    found: set[str] = set()
+    lua = files("aiogroupq").joinpath("_lua")
+    for script in [*lua.iterdir(), *lua.joinpath("lib").iterdir()]:
+        if not script.name.endswith(".lua"):
+            continue
+        source = script.read_text(encoding="utf-8")
+        calls = re.findall(r"redis\.p?call\(", source)
+        named = re.findall(r"redis\.p?call\(\s*['\"]([A-Za-z]+)['\"]", source)
+        # A command named by a variable would escape the list: refuse it.
+        assert len(named) == len(calls), f"{script.name}: a call without a literal"
+        found.update(command.lower() for command in named)
+    return found
+
+
+def python_methods() -> set[str]:
+    """redis-py methods the package calls on a client or pipeline."""
+    found: set[str] = set()
+    for module in (ROOT / "aiogroupq").glob("*.py"):
+        if module.name in OPERATOR_MODULES:
+            continue
+        source = module.read_text(encoding="utf-8")
+        found.update(re.findall(r"\b(?:client|pipe)\.([a-z_]+)\(", source))
+    return found
+
+
+def worker_commands() -> set[str]:
+    """What the ACL rule of a queue's user must grant."""
+    return lua_commands() | set(PYTHON_COMMANDS.values()) | HANDSHAKE
+
+
+def test_every_command_the_python_side_sends_is_accounted_for() -> None:
+    unknown = python_methods() - set(PYTHON_COMMANDS) - set(OPTIONAL) - NOT_COMMANDS
+    assert not unknown, (
+        f"new redis-py calls {sorted(unknown)}: add their commands to "
+        "PYTHON_COMMANDS and to the ACL rule in docs/operations.md"
+    )
+
+
+def test_the_documented_rule_grants_exactly_the_commands_needed() -> None:
+    docs = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
+    section = docs.split("## An ACL user per queue", 1)[1].split("\n## ", 1)[0]
+    rule = re.search(r"ACL SETUSER [^`]*", section)
+    assert rule is not None, "no ACL SETUSER rule in the section"
+    granted = set(re.findall(r"\+([a-z|@]+)", rule[0]))
+    assert granted == worker_commands(), (
+        f"docs grant {sorted(granted - worker_commands())} too many and "
+        f"{sorted(worker_commands() - granted)} too few"
+    )
+    assert "~{aiogroupq:<queue>}:*" in rule[0]
+
+
+def _rule(queue: str) -> list[str]:
+    """``ACL SETUSER`` arguments after the name, as the docs give them."""
+    return [
+        "on",
+        ">worker-pw",
+        "resetkeys",
+        f"~{{aiogroupq:{queue}}}:*",
+        "resetchannels",
+        "-@all",
+        *sorted(f"+{command}" for command in worker_commands()),
+    ]
+
+
+@pytest.fixture
+async def worker_url(
+    redis_client: redis.asyncio.Redis, redis_url: str
+) -> AsyncIterator[str]:
+    """A URL logging in as a user allowed exactly what a worker of QUEUE needs."""
+    user = f"aiogroupq-{QUEUE}-{os.getpid()}"
+    execute: Any = redis_client.execute_command
+    await execute("ACL", "SETUSER", user, *_rule(QUEUE))
+    # As admin: a restricted client must load the scripts itself.
+    await redis_client.script_flush()
+    try:
+        yield redis_url.replace("redis://", f"redis://{user}:worker-pw@")
+    finally:
+        await redis_client.acl_deluser(user)
+
+
+class Rows:
+    """What the handlers saw."""
+
+    def __init__(self) -> None:
+        self.ran: list[tuple[str, int]] = []
+
+
+async def test_a_producer_and_a_consumer_work_with_least_privilege(
+    worker_url: str,
+    redis_client: redis.asyncio.Redis,
+    redis_url: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    rows = Rows()
+
+    async def plain(n: int) -> None:
+        rows.ran.append(("plain", n))
+
+    async def flaky(n: int) -> None:
+        rows.ran.append(("flaky", n))
+        if aiogroupq.current_task().attempt == 1:
+            raise aiogroupq.Retry(delay=0.01)
+
+    async def poison(n: int) -> None:
+        raise ValueError(n)
+
+    async def answer(n: int) -> int:
+        return n * 2
+
+    handlers: dict[str, Any] = {
+        "plain": plain,
+        "flaky": flaky,
+        "poison": poison,
+        "answer": aiogroupq.Handler(answer, store_result=True),
+    }
+    with caplog.at_level(logging.WARNING):
+        async with (
+            aiogroupq.Producer(worker_url, queue=QUEUE) as producer,
+            aiogroupq.Consumer(
+                worker_url, queue=QUEUE, handlers=handlers, lease_ttl=3.0
+            ),
+        ):
+            ids = [await producer.enqueue("plain", n, group="g") for n in range(3)]
+            ids += await producer.enqueue_many(
+                [
+                    aiogroupq.Task("plain", 10, delay=0.05),
+                    aiogroupq.Task("plain", 11, dedup_key="once"),
+                    aiogroupq.Task("plain", 11, dedup_key="once"),
+                ]
+            )
+            flaky_id = await producer.enqueue("flaky", 1, group="f")
+            dead_id = await producer.enqueue("poison", 1, max_attempts=1)
+            cancelled = await producer.enqueue("plain", 99, delay=3600)
+            assert await producer.cancel(cancelled) is True
+            with anyio.fail_after(PATIENCE):
+                assert await producer.result(await producer.enqueue("answer", 21)) == 42
+                for task_id in [*ids, flaky_id]:
+                    while await producer.status(task_id) is not TaskState.SUCCEEDED:
+                        await anyio.sleep(0.01)
+                while await producer.status(dead_id) is not TaskState.DEAD:
+                    await anyio.sleep(0.01)
+            letters = await producer.dead_letters()
+            assert [letter.id for letter in letters] == [dead_id]
+            assert await producer.requeue_dead(dead_id) == 1
+            with anyio.fail_after(PATIENCE):
+                while await producer.status(dead_id) is not TaskState.DEAD:
+                    await anyio.sleep(0.01)
+            assert await producer.purge_dead(dead_id) == 1
+            assert await producer.status(cancelled) is TaskState.CANCELLED
+    assert [n for kind, n in rows.ran if kind == "plain" and n < 10] == [0, 1, 2]
+    assert sorted(n for kind, n in rows.ran if kind == "plain") == [0, 1, 2, 10, 11]
+    assert rows.ran.count(("flaky", 1)) == 2
+    # Nothing was refused along the way (a consumer logs and retries a
+    # refused claim instead of failing).
+    assert "NOPERM" not in caplog.text
+    assert "No permissions" not in caplog.text
+    # Only the eviction check could not run: CONFIG is left out on purpose.
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warned, "the eviction check should say it could not run"
+    assert all("maxmemory-policy" in message for message in warned), warned
+    # A read-only user may run the consistency check.
+    user = f"aiogroupq-check-{os.getpid()}"
+    execute: Any = redis_client.execute_command
+    await execute(
+        "ACL", "SETUSER", user, "on", ">check-pw", "resetkeys",
+        f"~{{aiogroupq:{QUEUE}}}:*", "resetchannels", "-@all",
+        "+@read", "+ping", "+hello",
+    )  # fmt: skip
+    try:
+        url = redis_url.replace("redis://", f"redis://{user}:check-pw@")
+        assert await aiogroupq.check_queue(url, QUEUE) == []
+    finally:
+        await redis_client.acl_deluser(user)
+
+
+async def test_another_queue_is_refused_with_a_typed_error(
+    worker_url: str, redis_client: redis.asyncio.Redis
+) -> None:
+    async def h() -> None:
+        pass
+
+    async with aiogroupq.Producer(worker_url, queue=OTHER) as producer:
+        with pytest.raises(aiogroupq.PermissionDeniedError, match=r"NOPERM|No perm"):
+            await producer.enqueue("h")
+        with pytest.raises(aiogroupq.PermissionDeniedError):
+            await producer.status("0" * 28)
+    with pytest.raises(aiogroupq.PermissionDeniedError):
+        async with aiogroupq.Consumer(worker_url, queue=OTHER, handlers={"h": h}):
+            pass
+    assert await redis_client.keys(f"{{aiogroupq:{OTHER}}}:*") == []
