@@ -23,7 +23,8 @@
   returns  one code per outcome: 1 applied, 3 applied as "cancel" (a
            cancellation was requested), 2 already applied by an earlier call
            with this token (a re-sent batch), 0 refused: the lease was lost
-           (the token no longer owns the task) and nothing was changed,
+           (the token no longer owns the task, or its lease expired, even
+           if no claim has recovered the task yet) and nothing was changed,
            4 applied to the task alone: a key of its group is damaged, so
            the task ended (a failure dead-lettered as corrupt) and the group
            was left as it is, 5 refused: the task's hash is damaged.
@@ -117,7 +118,8 @@ for i = 0, n - 1 do
   local f = redis.pcall('HMGET', k_task(id), 'k', 's', 'g', 'c', 'f', 'cx', 'w', 'p')
   if wrong_type(f) then
     codes[#codes + 1] = 5
-  elseif f[1] == token and f[2] == 'running' then
+  elseif f[1] == token and f[2] == 'running'
+      and (tonumber(redis.call('ZSCORE', K_LEASES, id)) or 0) > now then
     codes[#codes + 1] = apply(id, token, ARGV[b + 2], ARGV[b + 3], ARGV[b + 4], f)
   elseif f[5] == token then
     codes[#codes + 1] = 2
