@@ -10,6 +10,11 @@ import logging
 
 from ._fsck import Problem as Problem, check_queue as check_queue
 from ._handlers import Handler as Handler
+from ._observer import (
+    EventKind as EventKind,
+    Observer as Observer,
+    TaskEvent as TaskEvent,
+)
 from .admin import (
     Admin as Admin,
     GroupSettings as GroupSettings,
@@ -27,6 +32,7 @@ from .errors import (
     InvalidGroupError as InvalidGroupError,
     InvalidResultError as InvalidResultError,
     InvalidTaskError as InvalidTaskError,
+    MissingExtraError as MissingExtraError,
     NoResultError as NoResultError,
     PayloadTooLargeError as PayloadTooLargeError,
     QueueFullError as QueueFullError,
@@ -60,13 +66,16 @@ __all__ = (
     "CorruptQueueError",
     "CorruptTaskError",
     "DeadLetter",
+    "EventKind",
     "GroupFullError",
     "GroupSettings",
     "Handler",
     "InvalidGroupError",
     "InvalidResultError",
     "InvalidTaskError",
+    "MissingExtraError",
     "NoResultError",
+    "Observer",
     "PayloadTooLargeError",
     "Problem",
     "Producer",
@@ -77,6 +86,7 @@ __all__ = (
     "Retry",
     "Task",
     "TaskCancelledError",
+    "TaskEvent",
     "TaskExpiredError",
     "TaskFailedError",
     "TaskInfo",

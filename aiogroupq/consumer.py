@@ -34,7 +34,9 @@ from ._finisher import Finisher
 from ._handlers import Handler, HandlerFunc, build_routes
 from ._identity import Identity
 from ._keys import QueueKeys
+from ._observer import EventKind, Observer, Observers, check_observers
 from ._runner import RetryPolicy, Running, run_task
+from ._telemetry import Telemetry
 from ._validate import setting_int, setting_seconds
 from .errors import ConfigurationError, QueueFullError
 from .producer import DEFAULT_MAX_PAYLOAD_BYTES
@@ -56,7 +58,11 @@ _BACKOFF_FIRST, _BACKOFF_MAX = 0.05, 5.0
 
 @dataclass(frozen=True, slots=True)
 class ConsumerStats:
-    """Counters of one consumer since it started (see :attr:`Consumer.stats`)."""
+    """Counters of one consumer since it started (see :attr:`Consumer.stats`).
+
+    ``loop_blocked`` counts the times the event loop did not run for a third
+    of ``lease_ttl`` (at most 1 s) or longer: a handler blocked it.
+    """
 
     claimed: int
     succeeded: int
@@ -66,6 +72,7 @@ class ConsumerStats:
     handed_back: int
     lease_lost: int
     running: int
+    loop_blocked: int = 0
 
 
 class Consumer(anyio.AsyncContextManagerMixin):
@@ -101,6 +108,9 @@ class Consumer(anyio.AsyncContextManagerMixin):
     :param max_payload_bytes: a claimed task whose stored payload is larger
         (checked before decoding) is dead-lettered with reason
         ``PayloadTooLarge: …``; keep it at least the producers' limit
+    :param observers: instances of :class:`~aiogroupq.Observer` that
+        receive this consumer's events and wrap its handler runs (metrics,
+        traces)
     :raises ConfigurationError: if an argument is unusable
     """
 
@@ -120,9 +130,11 @@ class Consumer(anyio.AsyncContextManagerMixin):
         claim_batch: int = DEFAULT_CLAIM_BATCH,
         on_dead: Callable[[DeadLetter], Awaitable[None]] | None = None,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        observers: Sequence[Observer] = (),
     ) -> None:
         self._keys = QueueKeys(queue)
         self._routes = build_routes(handlers)
+        observed = Observers(queue, check_observers(observers))
         setting_int("concurrency", concurrency)
         setting_int("claim_batch", claim_batch)
         self._max_payload_bytes = setting_int("max_payload_bytes", max_payload_bytes)
@@ -164,6 +176,11 @@ class Consumer(anyio.AsyncContextManagerMixin):
         self._free_changed = anyio.Event()
         self._stopping = False
         self._block_scope: anyio.CancelScope | None = None
+        self._telemetry = Telemetry(
+            observed,
+            lease_ttl=self._lease_ttl,
+            running=lambda: list(self._running.values()),
+        )
         self._counts = dict.fromkeys(
             (
                 "claimed",
@@ -185,7 +202,16 @@ class Consumer(anyio.AsyncContextManagerMixin):
     @property
     def stats(self) -> ConsumerStats:
         """A snapshot of this consumer's counters."""
-        return ConsumerStats(**self._counts, running=len(self._running))
+        return ConsumerStats(
+            **self._counts,
+            running=len(self._running),
+            loop_blocked=self._telemetry.blocked,
+        )
+
+    def _observe(self, observer: Observer) -> None:
+        """Add *observer* before the consumer is entered (the worker's
+        metrics, for a Consumer that a factory made)."""
+        self._telemetry.observers.add(observer)
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -209,6 +235,7 @@ class Consumer(anyio.AsyncContextManagerMixin):
                     self._side_tasks = outer
                     outer.start_soon(finisher.run)
                     outer.start_soon(self._heartbeat_loop, client)
+                    outer.start_soon(self._telemetry.watchdog.run)
                     try:
                         async with anyio.create_task_group() as inner:
                             await inner.start(self._fetch_loop, client, send)
@@ -291,7 +318,9 @@ class Consumer(anyio.AsyncContextManagerMixin):
         # A previous incarnation with our name may have died holding tasks:
         # they go back to the front of their groups now, not at lease expiry.
         reconcile: bool | None = True
-        logger.info("consumer %s claiming from queue %r", self.name, self.queue)
+        self._telemetry.banner(
+            self.name, sorted(self._routes), self._concurrency, self._grace_period
+        )
         task_status.started()
         async with send:
             while not self._stopping:
@@ -428,11 +457,13 @@ class Consumer(anyio.AsyncContextManagerMixin):
                         self._policy,
                         self._submit,
                         max_payload_bytes=self._max_payload_bytes,
+                        observers=self._telemetry.observers,
                     )
                 finally:
                     if running.lost:
                         self._forget(running.claimed.id, running.claimed.token)
                         self._counts["lease_lost"] += 1
+                        self._telemetry.emit(EventKind.LEASE_LOST, running)
                     self._free += 1
                     self._free_changed.set()
 
@@ -448,6 +479,7 @@ class Consumer(anyio.AsyncContextManagerMixin):
     def _dead_elsewhere(self, client: Redis, ids: Sequence[str]) -> None:
         """Call on_dead for tasks a script dead-lettered on its own (a lease
         that expired on the last attempt, damaged keys)."""
+        self._telemetry.dead_elsewhere(ids)
         if ids and self._on_dead is not None and self._side_tasks is not None:
             self._side_tasks.start_soon(self._notify_dead, client, ids)
 
@@ -477,18 +509,16 @@ class Consumer(anyio.AsyncContextManagerMixin):
             del self._running[task_id]
 
     def _recorded(self, outcome: _scripts.Outcome, code: int) -> None:
+        running = self._running.get(outcome.id)
+        if running is not None and running.claimed.token != outcome.token:
+            running = None  # a later attempt's: not the one this is about
         self._forget(outcome.id, outcome.token)
         notice = self._dead_notices.pop(outcome.id, None)
         if notice is not None and code == _scripts.APPLIED and self._side_tasks:
             self._side_tasks.start_soon(self._call_on_dead, notice)
         if code == _scripts.LEASE_LOST:
             self._counts["lease_lost"] += 1
-            logger.warning(
-                "outcome %r of task %s refused: its lease was lost",
-                outcome.kind,
-                outcome.id,
-                extra={"task_id": outcome.id},
-            )
+            self._telemetry.refused(outcome.kind, outcome.id, running)
             return
         kind = outcome.kind
         if code in (_scripts.GROUP_DAMAGED, _scripts.TASK_DAMAGED):
@@ -499,7 +529,7 @@ class Consumer(anyio.AsyncContextManagerMixin):
                 "a key of its group is damaged, so the task ended alone"
                 if code == _scripts.GROUP_DAMAGED
                 else "its hash is damaged, so nothing was recorded",
-                extra={"task_id": outcome.id},
+                extra=self._telemetry.extra(outcome.id, running),
             )
             if code == _scripts.TASK_DAMAGED:
                 return
@@ -509,15 +539,9 @@ class Consumer(anyio.AsyncContextManagerMixin):
             # The server turns a retry or hand-back into a cancel when one was
             # requested; count what was applied.
             kind = "cancel"
-        key = {
-            "ok": "succeeded",
-            "retry": "retried",
-            "dead": "dead",
-            "halt": "dead",
-            "cancel": "cancelled",
-            "back": "handed_back",
-        }[kind]
+        key = _COUNTED[kind]
         self._counts[key] += 1
+        self._telemetry.emit(EventKind(key), running, task_id=outcome.id)
 
     # -- leases ------------------------------------------------------------
 
@@ -556,6 +580,16 @@ class Consumer(anyio.AsyncContextManagerMixin):
                 if code == _scripts.CANCEL_REQUESTED and not running.cancel_requested:
                     running.cancel_requested = True
                     running.lease_scope.cancel()
+
+
+_COUNTED: Final = {
+    "ok": "succeeded",
+    "retry": "retried",
+    "dead": "dead",
+    "halt": "dead",
+    "cancel": "cancelled",
+    "back": "handed_back",
+}
 
 
 def _drain(receive: MemoryObjectReceiveStream[Running]) -> list[Running]:
