@@ -48,9 +48,14 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
-from typing import Any, Final
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextlib import (
+    AbstractAsyncContextManager,
+    asynccontextmanager,
+    contextmanager,
+    suppress,
+)
+from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit, urlunsplit
 
 import anyio
@@ -60,8 +65,12 @@ from . import __version__
 from ._fsck import check_queue
 from ._handlers import build_routes
 from ._keys import validate_queue_name
+from ._logging import configure as configure_logging
 from .consumer import Consumer
-from .errors import ConfigurationError, RedisUnavailableError
+from .errors import ConfigurationError, MissingExtraError, RedisUnavailableError
+
+if TYPE_CHECKING:
+    from ._observer import Observer
 
 logger: logging.Logger = logging.getLogger("aiogroupq.cli")
 
@@ -90,10 +99,9 @@ def main(argv: list[str] | None = None) -> int:
         args.argv = list(sys.argv[1:] if argv is None else argv)
     except SystemExit as exc:  # --help, or argparse's own usage error
         return exc.code if isinstance(exc.code, int) else 2
-    logging.basicConfig(
-        level=logging.DEBUG if getattr(args, "verbose", False) else logging.INFO,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)-7s [%(process)d] %(name)s: %(message)s",
+    configure_logging(
+        verbose=getattr(args, "verbose", False),
+        log_format=getattr(args, "log_format", "text"),
     )
     try:
         if args.command == "worker":
@@ -131,6 +139,12 @@ async def _check(redis_url: str, queue: str) -> int:
 def _positive_int(text: str) -> int:
     if (value := int(text)) < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    if not 0 < (value := int(text)) < 65536:
+        raise argparse.ArgumentTypeError(f"must be a TCP port, got {value}")
     return value
 
 
@@ -208,7 +222,24 @@ def _parser() -> argparse.ArgumentParser:
         help="consumer name (mapping form; with --processes N, NAME-1..NAME-N): "
         "a worker restarted with its name resumes its unfinished tasks at once",
     )
-    worker.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    worker.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="debug logging of aiogroupq (one line per task)",
+    )
+    worker.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="log lines as text or as JSON objects (default: %(default)s)",
+    )
+    worker.add_argument(
+        "--metrics-port",
+        type=_port,
+        help="serve Prometheus metrics on this port (needs aiogroupq[prometheus]; "
+        "with --processes N, the workers use PORT..PORT+N-1)",
+    )
     # Set by --processes for its children: stop when the supervisor is gone.
     worker.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
     return parser
@@ -293,7 +324,10 @@ def _check_options(spec: str, target: Target, args: argparse.Namespace) -> None:
 
 @asynccontextmanager
 async def _open_consumer(
-    spec: str, target: Target, args: argparse.Namespace
+    spec: str,
+    target: Target,
+    args: argparse.Namespace,
+    observers: tuple[Observer, ...] = (),
 ) -> AsyncIterator[Consumer]:
     # A ConfigurationError raised here becomes a one-line error in _worker.
     if isinstance(target, Mapping):
@@ -316,12 +350,16 @@ async def _open_consumer(
         if inspect.isawaitable(made):
             made = await made
     if isinstance(made, Consumer):
+        for observer in observers:
+            made._observe(observer)
         async with made:
             yield made
     elif isinstance(made, AbstractAsyncContextManager):
         async with made as consumer:
             if not isinstance(consumer, Consumer):
                 raise UsageError(f"{spec} yielded {consumer!r}, not a Consumer")
+            for observer in observers:
+                consumer._observe(observer)
             async with consumer:
                 yield consumer
     else:
@@ -371,14 +409,37 @@ async def _serve(spec: str, target: Target, args: argparse.Namespace) -> None:
             if args.parent_pid is not None:
                 tg.start_soon(_watch_parent, args.parent_pid, stop)
             try:
-                with run_scope:
-                    async with _open_consumer(spec, target, args) as consumer:
+                with run_scope, _metrics(args) as observers:
+                    async with _open_consumer(
+                        spec, target, args, observers
+                    ) as consumer:
                         logger.info(
                             "worker ready: %s on queue %r", spec, consumer.queue
                         )
                         await stop.wait()
             finally:
                 tg.cancel_scope.cancel()
+
+
+@contextmanager
+def _metrics(args: argparse.Namespace) -> Iterator[tuple[Observer, ...]]:
+    """With --metrics-port: serve Prometheus metrics while the worker runs."""
+    if args.metrics_port is None:
+        yield ()
+        return
+    try:
+        from .prometheus import PrometheusObserver, serve
+    except MissingExtraError as exc:
+        raise UsageError(f"--metrics-port: {exc}") from None
+    try:
+        server = serve(args.metrics_port)
+    except OSError as exc:
+        raise UsageError(f"--metrics-port {args.metrics_port}: {exc}") from None
+    logger.info("serving Prometheus metrics on port %d", server.port)
+    try:
+        yield (PrometheusObserver(),)
+    finally:
+        server.close()
 
 
 async def _watch_signals(
@@ -449,6 +510,8 @@ def _supervise(args: argparse.Namespace) -> int:
                 if args.name is None
                 else ["--name", f"{args.name}-{len(children) + 1}"]
             )
+            if args.metrics_port is not None:  # one port each
+                named += ["--metrics-port", str(args.metrics_port + len(children))]
             # Own process group: a terminal's Ctrl-C reaches only us, and we
             # forward it once (twice would cut the grace period short).
             children.append(subprocess.Popen(argv + named, process_group=0))
