@@ -58,14 +58,14 @@ class Watchdog:
         self._beat = time.monotonic()
         self._lock = threading.Lock()
         self._seen: Counter[Running | None] = Counter()
-        self._stopped = threading.Event()
 
     async def run(self) -> None:
         """Measure until cancelled, with the sampling thread beside."""
         loop = asyncio.get_running_loop()
+        stopped = threading.Event()
         sampler = threading.Thread(
             target=self._sample,
-            args=(loop, threading.get_ident()),
+            args=(loop, threading.get_ident(), stopped),
             name="aiogroupq-watchdog",
             daemon=True,
         )
@@ -81,11 +81,16 @@ class Watchdog:
                     self._report(lag, _most_seen(seen), self._running())
         finally:
             # The thread notices within a tick; joining would block the loop.
-            self._stopped.set()
+            stopped.set()
 
-    def _sample(self, loop: asyncio.AbstractEventLoop, loop_thread: int) -> None:
+    def _sample(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        loop_thread: int,
+        stopped: threading.Event,
+    ) -> None:
         cancelled: set[int] = set()
-        while not self._stopped.wait(self.tick):
+        while not stopped.wait(self.tick):
             now = time.monotonic()
             if now - self._beat <= 2 * self.tick:
                 cancelled.clear()

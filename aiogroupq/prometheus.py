@@ -119,7 +119,9 @@ class _Metrics:
         )
 
 
-_BY_REGISTRY: WeakKeyDictionary[CollectorRegistry, _Metrics] = WeakKeyDictionary()
+_BY_REGISTRY: Final[WeakKeyDictionary[CollectorRegistry, _Metrics]] = (
+    WeakKeyDictionary()
+)
 _LOCK: Final = threading.Lock()
 
 

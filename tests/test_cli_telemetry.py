@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -183,3 +184,58 @@ async def test_metrics_port_serves_the_counts_of_a_known_workload(
                 await anyio.sleep(0.05)
     print(f"\nscraped after the workload: {got}")  # noqa: T201
     assert "serving Prometheus metrics on port" in await stop(worker)
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+@pytest.mark.slow
+async def test_each_worker_process_serves_its_own_port(
+    redis_client: redis.asyncio.Redis,
+    redis_url: str,
+    spawn: Spawn,
+    free_tcp_port: int,
+) -> None:
+    if not _free(free_tcp_port + 1):
+        pytest.skip(f"port {free_tcp_port + 1} is taken on this machine")
+    queue = "cli-metrics-processes"
+    ids = await enqueue(
+        redis_client,
+        queue,
+        *(
+            aiogroupq.Task("work", example_app.Item(i), group=f"g{i}")
+            for i in range(20)
+        ),
+    )
+    worker = spawn(
+        "worker", "tests.example_app:handlers", "--queue", queue,
+        "--redis-url", redis_url, "--processes", "2",
+        "--metrics-port", str(free_tcp_port),
+    )  # fmt: skip
+    await until_ended(redis_client, queue, ids, worker)
+    key = (
+        "aiogroupq_tasks_succeeded_total",
+        frozenset({("queue", queue), ("task_type", "work")}),
+    )
+    async with httpx.AsyncClient() as http:
+        with anyio.fail_after(PATIENCE):
+            while True:
+                counts = []
+                for port in (free_tcp_port, free_tcp_port + 1):
+                    try:
+                        response = await http.get(f"http://127.0.0.1:{port}/metrics")
+                    except httpx.ConnectError:  # a process still starting
+                        break
+                    assert response.status_code == 200
+                    counts.append(samples(response.text).get(key, 0.0))
+                if len(counts) == 2 and sum(counts) == len(ids):
+                    break
+                await anyio.sleep(0.05)
+    print(f"\nsucceeded per worker process: {counts}")  # noqa: T201
+    await stop(worker)
