@@ -10,6 +10,11 @@ import logging
 
 from ._fsck import Problem as Problem, check_queue as check_queue
 from ._handlers import Handler as Handler
+from ._observer import (
+    EventKind as EventKind,
+    Observer as Observer,
+    TaskEvent as TaskEvent,
+)
 from ._schedule import Schedule as Schedule
 from .admin import (
     Admin as Admin,
@@ -30,6 +35,7 @@ from .errors import (
     InvalidGroupError as InvalidGroupError,
     InvalidResultError as InvalidResultError,
     InvalidTaskError as InvalidTaskError,
+    MissingExtraError as MissingExtraError,
     NoResultError as NoResultError,
     PayloadTooLargeError as PayloadTooLargeError,
     PermissionDeniedError as PermissionDeniedError,
@@ -66,13 +72,16 @@ __all__ = (
     "CorruptQueueError",
     "CorruptTaskError",
     "DeadLetter",
+    "EventKind",
     "GroupFullError",
     "GroupSettings",
     "Handler",
     "InvalidGroupError",
     "InvalidResultError",
     "InvalidTaskError",
+    "MissingExtraError",
     "NoResultError",
+    "Observer",
     "PayloadTooLargeError",
     "PermissionDeniedError",
     "Problem",
@@ -85,6 +94,7 @@ __all__ = (
     "Schedule",
     "Task",
     "TaskCancelledError",
+    "TaskEvent",
     "TaskExpiredError",
     "TaskFailedError",
     "TaskInfo",

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from ._keys import QueueKeys
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("aiogroupq.consumer")  # it records consumers' outcomes
 
 MAX_BATCH: Final = 256
 

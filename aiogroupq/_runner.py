@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import logging
 import random
+import sys
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import TYPE_CHECKING, Final
 
 import anyio
 
 from ._codec import EncodeFailure, describe_decode_error, encode_payload, unpack
+from ._logging import describe, short, task_extra
+from ._observer import EventKind, Observers
 from ._scripts import Claimed, Outcome
 from .errors import Retry
 from .task import DeadLetter, Envelope, TaskInfo, _current
@@ -40,6 +45,31 @@ class Running:
     lease_scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     lost: bool = False
     cancel_requested: bool = False
+    # What the handler sees, once the envelope decoded (for logs and events).
+    info: TaskInfo | None = None
+    # The frame that awaits the handler, while it runs: the watchdog looks
+    # for it on a stalled loop's stack.
+    frame: FrameType | None = None
+    # Seconds the handler ran, once it ended.
+    duration: float | None = None
+
+    def describe(self) -> str:
+        """``task <id> (type …, group …, attempt n of m)``, as known."""
+        info = self.info
+        if info is None:
+            return describe(self.claimed.id, None, None, self.claimed.attempt)
+        return describe(info.id, info.type, info.group, info.attempt, info.max_attempts)
+
+    def extra(self, queue: str) -> dict[str, object]:
+        """The extra fields of a log record about this task."""
+        info = self.info
+        return task_extra(
+            queue,
+            self.claimed.id,
+            info.type if info else None,
+            info.group if info else None,
+            self.claimed.attempt,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,9 +100,11 @@ def _trace(exc: BaseException) -> str:
 class _Attempt:
     """Builds the outcome of one attempt."""
 
-    def __init__(self, running: Running, submit: Submit) -> None:
+    def __init__(self, running: Running, submit: Submit, observers: Observers) -> None:
+        self.running = running
         self.claimed = running.claimed
         self._submit = submit
+        self.observers = observers
         self.envelope: Envelope | None = None
         self.sent = False  # an outcome was submitted for this attempt
 
@@ -80,9 +112,28 @@ class _Attempt:
         self.sent = True
         self._submit(outcome, notice)
 
+    def about(self) -> str:
+        """The task as log messages name it."""
+        envelope, claimed = self.envelope, self.claimed
+        if envelope is None:
+            return describe(claimed.id, None, None, claimed.attempt)
+        return describe(
+            claimed.id,
+            envelope.type,
+            envelope.group,
+            claimed.attempt,
+            claimed.max_attempts or envelope.max_attempts,
+        )
+
     def extra(self) -> dict[str, object]:
-        group = self.envelope.group if self.envelope else None
-        return {"task_id": self.claimed.id, "group": group}
+        envelope = self.envelope
+        return task_extra(
+            self.observers.queue,
+            self.claimed.id,
+            envelope.type if envelope else None,
+            envelope.group if envelope else None,
+            self.claimed.attempt,
+        )
 
     def outcome(self, kind: str, arg1: str | int | bytes = "", arg2: str = "") -> None:
         self.submit(
@@ -109,10 +160,11 @@ class _Attempt:
         """Dead-letter a task too large to decode (never halts: the size
         limit is the consumer's, not the task type's)."""
         logger.error(
-            "task %s is too large: %s of %d bytes, over the consumer's limit",
-            self.claimed.id,
+            "%s is too large: %s of %d bytes, over the consumer's limit; dead-lettered",
+            self.about(),
             what,
             size,
+            extra=self.extra(),
         )
         allowed = f"{limit}" if what == "payload" else f"{limit} + {ENVELOPE_OVERHEAD}"
         self.dead(
@@ -133,11 +185,21 @@ class _Attempt:
         envelope, claimed, options = self.envelope, self.claimed, route.options
         assert envelope is not None
         halt = options.on_dead == "halt"
+        if not isinstance(exc, Retry):
+            self.observers.emit(
+                EventKind.FAILED,
+                task_id=claimed.id,
+                task_type=envelope.type,
+                group=envelope.group,
+                attempt=claimed.attempt,
+                duration=self.running.duration,
+                error=exc,
+            )
         if isinstance(exc, options.no_retry):
             logger.error(
-                "task %s failed with %s, which is not retried; dead-lettered",
-                claimed.id,
-                type(exc).__qualname__,
+                "%s failed with %s, which is not retried; dead-lettered",
+                self.about(),
+                _reason(exc),
                 exc_info=exc,
                 extra=self.extra(),
             )
@@ -147,10 +209,9 @@ class _Attempt:
         if claimed.attempt >= max_attempts:
             retry = isinstance(exc, Retry)
             logger.error(
-                "task %s failed on its last attempt (%d of %d); dead-lettered",
-                claimed.id,
-                claimed.attempt,
-                max_attempts,
+                "%s failed on its last attempt with %s; dead-lettered",
+                self.about(),
+                "a Retry request" if retry else _reason(exc),
                 exc_info=None if retry else exc,
                 extra=self.extra(),
             )
@@ -168,15 +229,17 @@ class _Attempt:
             )
             delay = policy.delay(claimed.attempt)
         if isinstance(exc, Retry):
-            logger.info(
-                "task %s asked to retry in %.3fs", claimed.id, delay, extra=self.extra()
+            logger.warning(
+                "%s asked to retry in %.3fs",
+                self.about(),
+                delay,
+                extra=self.extra(),
             )
         else:
-            logger.error(
-                "task %s failed (attempt %d of %d); retrying in %.3fs",
-                claimed.id,
-                claimed.attempt,
-                max_attempts,
+            logger.warning(
+                "%s failed with %s; retrying in %.3fs",
+                self.about(),
+                _reason(exc),
                 delay,
                 exc_info=exc,
                 extra=self.extra(),
@@ -191,6 +254,7 @@ async def run_task(
     submit: Submit,
     *,
     max_payload_bytes: int,
+    observers: Observers | None = None,
 ) -> None:
     """Run one claimed task and submit its outcome.
 
@@ -198,15 +262,17 @@ async def run_task(
     of the consumer itself (shutdown), after handing the task back: whatever
     its stored bytes are, the task gets an outcome and the consumer goes on.
     """
-    attempt = _Attempt(running, submit)
+    attempt = _Attempt(
+        running, submit, Observers("") if observers is None else observers
+    )
     try:
         await _run(attempt, running, routes, policy, max_payload_bytes)
     except Exception as exc:
         # A bug of ours, met by this task only: fail the task, not the
         # consumer (a crash would come back on every claim of it).
         logger.exception(
-            "internal error while running task %s",
-            running.claimed.id,
+            "internal error while running %s",
+            attempt.about(),
             extra=attempt.extra(),
         )
         if not attempt.sent:
@@ -221,11 +287,6 @@ def _out_of_range(envelope: Envelope) -> str:
     if envelope.timeout_ms is not None and envelope.timeout_ms < 1:
         return f"timeout_ms is {envelope.timeout_ms}, not >= 1"
     return ""
-
-
-def _short(text: str, limit: int = 200) -> str:
-    shown = repr(text)
-    return shown if len(shown) <= limit else f"{shown[:limit]}… ({len(text)} chars)"
 
 
 async def _run(
@@ -244,26 +305,35 @@ async def _run(
         envelope = attempt.envelope = unpack(claimed.envelope)
     except Exception as exc:  # noqa: BLE001 - any bytes at all may be stored
         detail = describe_decode_error(exc)
-        logger.error("task %s has a corrupt envelope: %s", claimed.id, detail)
+        logger.error(
+            "%s has a corrupt envelope: %s; dead-lettered",
+            attempt.about(),
+            detail,
+            extra=attempt.extra(),
+        )
         attempt.dead(f"CorruptEnvelope: {detail}")
         return
     if len(envelope.payload) > max_payload_bytes:
         attempt.too_large(len(envelope.payload), "payload", max_payload_bytes)
         return
     if problem := _out_of_range(envelope):
-        logger.error("task %s has a corrupt envelope: %s", claimed.id, problem)
+        logger.error(
+            "%s has a corrupt envelope: %s; dead-lettered",
+            attempt.about(),
+            problem,
+            extra=attempt.extra(),
+        )
         attempt.dead(f"CorruptEnvelope: {problem}")
         return
     route = routes.get(envelope.type)
     if route is None:
         logger.error(
-            "no handler for task type %s (task %s)",
-            _short(envelope.type),
-            claimed.id,
+            "%s has no handler here; dead-lettered",
+            attempt.about(),
             extra=attempt.extra(),
         )
         attempt.dead(
-            f"UnknownTaskType: no handler for task type {_short(envelope.type)}; "
+            f"UnknownTaskType: no handler for task type {short(envelope.type)}; "
             f"this consumer handles {sorted(routes)!r}"
         )
         return
@@ -272,8 +342,8 @@ async def _run(
     except Exception as exc:  # noqa: BLE001 - also a dataclass's __post_init__
         detail = describe_decode_error(exc)
         logger.error(
-            "payload of task %s does not decode into %s: %s",
-            claimed.id,
+            "payload of %s does not decode into %s: %s; dead-lettered",
+            attempt.about(),
             route.describe_type(),
             detail,
             extra=attempt.extra(),
@@ -296,24 +366,45 @@ async def _run(
         if envelope.timeout_ms is None
         else envelope.timeout_ms / 1000
     )
-    context_token = _current.set(
-        TaskInfo(
-            id=claimed.id,
-            type=envelope.type,
+    info = running.info = TaskInfo(
+        id=claimed.id,
+        type=envelope.type,
+        group=envelope.group,
+        attempt=claimed.attempt,
+        # The hash's count, which recovery goes by too (the envelope's
+        # is what the producer wrote; they differ only if one was changed).
+        max_attempts=claimed.max_attempts or envelope.max_attempts,
+        fencing_token=claimed.token,
+        enqueued_at=envelope.enqueued_ms / 1000,
+        started_at=claimed.claimed_ms / 1000,
+        due_at=claimed.due_ms / 1000,
+        headers=envelope.headers or {},
+    )
+    observers = attempt.observers
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug("%s started", attempt.about(), extra=attempt.extra())
+    if observers:
+        observers.emit(
+            EventKind.STARTED,
+            task_id=claimed.id,
+            task_type=envelope.type,
             group=envelope.group,
             attempt=claimed.attempt,
-            # The hash's count, which recovery goes by too (the envelope's
-            # is what the producer wrote; they differ only if one was changed).
-            max_attempts=claimed.max_attempts or envelope.max_attempts,
-            fencing_token=claimed.token,
-            enqueued_at=envelope.enqueued_ms / 1000,
-            started_at=claimed.claimed_ms / 1000,
-            due_at=claimed.due_ms / 1000,
+            # Both on the server's clock; 0 when an older server left it out.
+            latency=max(0.0, (claimed.claimed_ms - claimed.due_ms) / 1000)
+            if claimed.due_ms and claimed.claimed_ms
+            else None,
         )
-    )
+    context_token = _current.set(info)
     timed_out = False
+    running.frame = sys._getframe()
+    started = time.perf_counter()
     try:
-        with running.lease_scope, anyio.move_on_after(timeout) as timeout_scope:
+        with (
+            running.lease_scope,
+            anyio.move_on_after(timeout) as timeout_scope,
+            observers.handler(info),
+        ):
             if route.takes_payload:
                 result = await route.func(payload)
             else:
@@ -325,24 +416,30 @@ async def _run(
         attempt.outcome("back")
         raise
     except Retry as exc:
+        running.duration = time.perf_counter() - started
         attempt.failed(route, policy, exc, delay=exc.delay)
         return
     except Exception as exc:  # noqa: BLE001 - any handler error is an outcome
+        running.duration = time.perf_counter() - started
         attempt.failed(route, policy, exc, delay=None)
         return
     finally:
+        running.frame = None
         _current.reset(context_token)
+    running.duration = time.perf_counter() - started
 
     if running.lease_scope.cancelled_caught:
         if running.lost:
             logger.warning(
-                "lease of task %s was lost; its handler was cancelled and its "
+                "lease of %s was lost; its handler was cancelled and its "
                 "result is dropped",
-                claimed.id,
+                attempt.about(),
                 extra=attempt.extra(),
             )
         elif running.cancel_requested:
-            logger.info("task %s cancelled on request", claimed.id)
+            logger.info(
+                "%s cancelled on request", attempt.about(), extra=attempt.extra()
+            )
             attempt.outcome("cancel")
         else:
             # Our own lease deadline passed without a renewal: we may still
@@ -357,8 +454,8 @@ async def _run(
             encoded = encode_payload(result)
         except EncodeFailure as exc:
             logger.error(
-                "result of task %s cannot be stored: %s; dead-lettered",
-                claimed.id,
+                "result of %s cannot be stored: %s; dead-lettered",
+                attempt.about(),
                 exc,
                 extra=attempt.extra(),
             )
@@ -366,8 +463,15 @@ async def _run(
                 f"UnencodableResult: {exc}", halt=route.options.on_dead == "halt"
             )
         else:
-            logger.debug("task %s succeeded", claimed.id)
+            _succeeded(attempt, running.duration)
             attempt.outcome("ok", bytes(encoded))
     else:
-        logger.debug("task %s succeeded", claimed.id)
+        _succeeded(attempt, running.duration)
         attempt.outcome("ok")
+
+
+def _succeeded(attempt: _Attempt, duration: float) -> None:
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug(
+            "%s succeeded in %.3fs", attempt.about(), duration, extra=attempt.extra()
+        )

@@ -61,9 +61,14 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
-from typing import Any, Final
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextlib import (
+    AbstractAsyncContextManager,
+    asynccontextmanager,
+    contextmanager,
+    suppress,
+)
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 from redis.exceptions import RedisError
@@ -73,9 +78,13 @@ from ._connection import safe_url
 from ._fsck import check_queue
 from ._handlers import build_routes
 from ._keys import validate_queue_name
+from ._logging import configure as configure_logging
 from ._schedule import Schedule
 from .consumer import Consumer
-from .errors import ConfigurationError, RedisUnavailableError
+from .errors import ConfigurationError, MissingExtraError, RedisUnavailableError
+
+if TYPE_CHECKING:
+    from ._observer import Observer
 
 logger: logging.Logger = logging.getLogger("aiogroupq.cli")
 
@@ -107,10 +116,9 @@ def main(argv: list[str] | None = None) -> int:
         args.argv = list(sys.argv[1:] if argv is None else argv)
     except SystemExit as exc:  # --help, or argparse's own usage error
         return exc.code if isinstance(exc.code, int) else 2
-    logging.basicConfig(
-        level=logging.DEBUG if getattr(args, "verbose", False) else logging.INFO,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)-7s [%(process)d] %(name)s: %(message)s",
+    configure_logging(
+        verbose=getattr(args, "verbose", False),
+        log_format=getattr(args, "log_format", "text"),
     )
     try:
         if args.command == "worker":
@@ -148,6 +156,12 @@ async def _check(redis_url: str, queue: str) -> int:
 def _positive_int(text: str) -> int:
     if (value := int(text)) < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    if not 0 < (value := int(text)) < 65536:
+        raise argparse.ArgumentTypeError(f"must be a TCP port, got {value}")
     return value
 
 
@@ -231,7 +245,24 @@ def _parser() -> argparse.ArgumentParser:
         help="(mapping form) run even if Redis's maxmemory-policy may evict "
         "keys, which can lose tasks; by default the worker refuses to start",
     )
-    worker.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    worker.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="debug logging of aiogroupq (one line per task)",
+    )
+    worker.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="log lines as text or as JSON objects (default: %(default)s)",
+    )
+    worker.add_argument(
+        "--metrics-port",
+        type=_port,
+        help="serve Prometheus metrics on this port (needs aiogroupq[prometheus]; "
+        "with --processes N, the workers use PORT..PORT+N-1)",
+    )
     # Set by --processes for its children: stop when the supervisor is gone.
     worker.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
     return parser
@@ -344,7 +375,10 @@ def _check_options(spec: str, target: Target, args: argparse.Namespace) -> None:
 
 @asynccontextmanager
 async def _open_consumer(
-    spec: str, target: Target, args: argparse.Namespace
+    spec: str,
+    target: Target,
+    args: argparse.Namespace,
+    observers: tuple[Observer, ...] = (),
 ) -> AsyncIterator[Consumer]:
     # A ConfigurationError raised here becomes a one-line error in _worker.
     if isinstance(target, Mapping):
@@ -369,12 +403,16 @@ async def _open_consumer(
         if inspect.isawaitable(made):
             made = await made
     if isinstance(made, Consumer):
+        for observer in observers:
+            made._observe(observer)
         async with made:
             yield made
     elif isinstance(made, AbstractAsyncContextManager):
         async with made as consumer:
             if not isinstance(consumer, Consumer):
                 raise UsageError(f"{spec} yielded {consumer!r}, not a Consumer")
+            for observer in observers:
+                consumer._observe(observer)
             async with consumer:
                 yield consumer
     else:
@@ -424,21 +462,25 @@ async def _serve(spec: str, target: Target, args: argparse.Namespace) -> None:
             if args.parent_pid is not None:
                 tg.start_soon(_watch_parent, args.parent_pid, stop)
             try:
-                with run_scope:
-                    await _consume(spec, target, args, stop)
+                with run_scope, _metrics(args) as observers:
+                    await _consume(spec, target, args, stop, observers)
             finally:
                 tg.cancel_scope.cancel()
 
 
 async def _consume(
-    spec: str, target: Target, args: argparse.Namespace, stop: anyio.Event
+    spec: str,
+    target: Target,
+    args: argparse.Namespace,
+    stop: anyio.Event,
+    observers: tuple[Observer, ...],
 ) -> None:
     """Run the consumer until *stop*; while Redis is unreachable, try again
     with backoff (a worker may well start before its Redis)."""
     wait = _RETRY_FIRST
     while not stop.is_set():
         try:
-            async with _open_consumer(spec, target, args) as consumer:
+            async with _open_consumer(spec, target, args, observers) as consumer:
                 logger.info("worker ready: %s on queue %r", spec, consumer.queue)
                 await stop.wait()
                 return
@@ -452,6 +494,27 @@ async def _consume(
         with anyio.move_on_after(wait):
             await stop.wait()
         wait = min(wait * 2, _RETRY_MAX)
+
+
+@contextmanager
+def _metrics(args: argparse.Namespace) -> Iterator[tuple[Observer, ...]]:
+    """With --metrics-port: serve Prometheus metrics while the worker runs."""
+    if args.metrics_port is None:
+        yield ()
+        return
+    try:
+        from .prometheus import PrometheusObserver, serve
+    except MissingExtraError as exc:
+        raise UsageError(f"--metrics-port: {exc}") from None
+    try:
+        server = serve(args.metrics_port)
+    except OSError as exc:
+        raise UsageError(f"--metrics-port {args.metrics_port}: {exc}") from None
+    logger.info("serving Prometheus metrics on port %d", server.port)
+    try:
+        yield (PrometheusObserver(),)
+    finally:
+        server.close()
 
 
 async def _watch_signals(
@@ -513,6 +576,8 @@ def _supervise(args: argparse.Namespace) -> int:
                 if args.name is None
                 else ["--name", f"{args.name}-{len(children) + 1}"]
             )
+            if args.metrics_port is not None:  # one port each
+                named += ["--metrics-port", str(args.metrics_port + len(children))]
             # Own process group: a terminal's Ctrl-C reaches only us, and we
             # forward it once (twice would cut the grace period short).
             children.append(subprocess.Popen(argv + named, process_group=0))

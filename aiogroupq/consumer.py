@@ -42,8 +42,10 @@ from ._finisher import Finisher
 from ._handlers import Handler, HandlerFunc, build_routes
 from ._identity import Identity
 from ._keys import QueueKeys
+from ._observer import EventKind, Observer, Observers, check_observers
 from ._runner import RetryPolicy, Running, run_task
 from ._schedule import Schedule, Scheduler
+from ._telemetry import Telemetry
 from ._validate import setting_int, setting_seconds
 from .errors import (
     ConfigurationError,
@@ -74,7 +76,11 @@ _NAME_RANDOM_BYTES: Final = 8
 @dataclass(frozen=True, slots=True)
 class ConsumerStats:
     """Counters of one consumer since it was created, over all its runs
-    (see :attr:`Consumer.stats`)."""
+    (see :attr:`Consumer.stats`).
+
+    ``loop_blocked`` counts the times the event loop did not run for a third
+    of ``lease_ttl`` (at most 1 s) or longer: a handler blocked it.
+    """
 
     claimed: int
     succeeded: int
@@ -84,6 +90,7 @@ class ConsumerStats:
     handed_back: int
     lease_lost: int
     running: int
+    loop_blocked: int = 0
 
 
 class Consumer:
@@ -130,6 +137,9 @@ class Consumer:
         (see :class:`Schedule`)
     :param allow_eviction: accept a server whose ``maxmemory-policy`` may
         evict keys (and so lose tasks); by default entering refuses it
+    :param observers: instances of :class:`~aiogroupq.Observer` that
+        receive this consumer's events and wrap its handler runs (metrics,
+        traces)
     :raises ConfigurationError: if an argument is unusable
     :raises PayloadTooLargeError: if a schedule's payload is over
         *max_payload_bytes*
@@ -153,9 +163,11 @@ class Consumer:
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         schedules: Iterable[Schedule] = (),
         allow_eviction: bool = False,
+        observers: Sequence[Observer] = (),
     ) -> None:
         self._keys = QueueKeys(queue)
         self._routes = build_routes(handlers)
+        observed = Observers(queue, check_observers(observers))
         setting_int("concurrency", concurrency)
         setting_int("claim_batch", claim_batch)
         self._max_payload_bytes = setting_int("max_payload_bytes", max_payload_bytes)
@@ -205,6 +217,11 @@ class Consumer:
         self._free_changed = anyio.Event()
         self._stopping = False
         self._block_scope: anyio.CancelScope | None = None
+        self._telemetry = Telemetry(
+            observed,
+            lease_ttl=self._lease_ttl,
+            running=lambda: list(self._running.values()),
+        )
         self._counts = dict.fromkeys(
             (
                 "claimed",
@@ -255,7 +272,16 @@ class Consumer:
     @property
     def stats(self) -> ConsumerStats:
         """A snapshot of this consumer's counters."""
-        return ConsumerStats(**self._counts, running=len(self._running))
+        return ConsumerStats(
+            **self._counts,
+            running=len(self._running),
+            loop_blocked=self._telemetry.blocked,
+        )
+
+    def _observe(self, observer: Observer) -> None:
+        """Add *observer* before the consumer is entered (the worker's
+        metrics, for a Consumer that a factory made)."""
+        self._telemetry.observers.add(observer)
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -326,6 +352,7 @@ class Consumer:
                     outer.start_soon(self._heartbeat_loop, client)
                     if self._scheduler is not None:
                         await outer.start(self._scheduler.run, client)
+                    outer.start_soon(self._telemetry.watchdog.run)
                     try:
                         async with anyio.create_task_group() as inner:
                             await inner.start(self._fetch_loop, client, send)
@@ -409,7 +436,9 @@ class Consumer:
         # A previous incarnation with our name may have died holding tasks:
         # they go back to the front of their groups now, not at lease expiry.
         reconcile: bool | None = True
-        logger.info("consumer %s claiming from queue %r", self.name, self.queue)
+        self._telemetry.banner(
+            self.name, sorted(self._routes), self._concurrency, self._grace_period
+        )
         task_status.started()
         async with send:
             while not self._stopping:
@@ -546,11 +575,13 @@ class Consumer:
                         self._policy,
                         self._submit,
                         max_payload_bytes=self._max_payload_bytes,
+                        observers=self._telemetry.observers,
                     )
                 finally:
                     if running.lost:
                         self._forget(running.claimed.id, running.claimed.token)
                         self._counts["lease_lost"] += 1
+                        self._telemetry.emit(EventKind.LEASE_LOST, running)
                     self._free += 1
                     self._free_changed.set()
 
@@ -566,6 +597,7 @@ class Consumer:
     def _dead_elsewhere(self, client: Redis, ids: Sequence[str]) -> None:
         """Call on_dead for tasks a script dead-lettered on its own (a lease
         that expired on the last attempt, damaged keys)."""
+        self._telemetry.dead_elsewhere(ids)
         if ids and self._on_dead is not None and self._side_tasks is not None:
             self._side_tasks.start_soon(self._notify_dead, client, ids)
 
@@ -595,18 +627,16 @@ class Consumer:
             del self._running[task_id]
 
     def _recorded(self, outcome: _scripts.Outcome, code: int) -> None:
+        running = self._running.get(outcome.id)
+        if running is not None and running.claimed.token != outcome.token:
+            running = None  # a later attempt's: not the one this is about
         self._forget(outcome.id, outcome.token)
         notice = self._dead_notices.pop(outcome.id, None)
         if notice is not None and code == _scripts.APPLIED and self._side_tasks:
             self._side_tasks.start_soon(self._call_on_dead, notice)
         if code == _scripts.LEASE_LOST:
             self._counts["lease_lost"] += 1
-            logger.warning(
-                "outcome %r of task %s refused: its lease was lost",
-                outcome.kind,
-                outcome.id,
-                extra={"task_id": outcome.id},
-            )
+            self._telemetry.refused(outcome.kind, outcome.id, running)
             return
         kind = outcome.kind
         if code in (_scripts.GROUP_DAMAGED, _scripts.TASK_DAMAGED):
@@ -617,7 +647,7 @@ class Consumer:
                 "a key of its group is damaged, so the task ended alone"
                 if code == _scripts.GROUP_DAMAGED
                 else "its hash is damaged, so nothing was recorded",
-                extra={"task_id": outcome.id},
+                extra=self._telemetry.extra(outcome.id, running),
             )
             if code == _scripts.TASK_DAMAGED:
                 return
@@ -627,15 +657,9 @@ class Consumer:
             # The server turns a retry or hand-back into a cancel when one was
             # requested; count what was applied.
             kind = "cancel"
-        key = {
-            "ok": "succeeded",
-            "retry": "retried",
-            "dead": "dead",
-            "halt": "dead",
-            "cancel": "cancelled",
-            "back": "handed_back",
-        }[kind]
+        key = _COUNTED[kind]
         self._counts[key] += 1
+        self._telemetry.emit(EventKind(key), running, task_id=outcome.id)
 
     # -- leases ------------------------------------------------------------
 
@@ -673,6 +697,16 @@ class Consumer:
                 if code == _scripts.CANCEL_REQUESTED and not running.cancel_requested:
                     running.cancel_requested = True
                     running.lease_scope.cancel()
+
+
+_COUNTED: Final = {
+    "ok": "succeeded",
+    "retry": "retried",
+    "dead": "dead",
+    "halt": "dead",
+    "cancel": "cancelled",
+    "back": "handed_back",
+}
 
 
 def _drain(receive: MemoryObjectReceiveStream[Running]) -> list[Running]:

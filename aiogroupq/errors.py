@@ -23,7 +23,8 @@ The hierarchy::
     │   └── GroupFullError          a group is at its max_size
     ├── CorruptQueueError           a key of the queue holds something no script wrote
     │   └── CorruptTaskError        a task's stored fields are not what aiogroupq writes
-    └── RedisUnavailableError       Redis could not be reached within the budget
+    ├── RedisUnavailableError       Redis could not be reached within the budget
+    └── MissingExtraError           an optional module's package is not installed
 
 :class:`~aiogroupq.Retry` is not an error: a handler raises it to ask for another attempt.
 """
@@ -42,6 +43,7 @@ __all__ = (
     "InvalidGroupError",
     "InvalidResultError",
     "InvalidTaskError",
+    "MissingExtraError",
     "NoResultError",
     "PayloadTooLargeError",
     "PermissionDeniedError",
@@ -331,3 +333,21 @@ class CorruptTaskError(CorruptQueueError):
         self.key = task_id
         self.task_id = task_id
         self.detail = detail
+
+
+class MissingExtraError(AiogroupqError, ImportError):
+    """An optional module of aiogroupq needs a package that is not installed.
+
+    :ivar module: the module that was imported (``"aiogroupq.prometheus"``)
+    :ivar extra: the extra that installs what it needs
+    :ivar package: the missing distribution
+    """
+
+    def __init__(self, module: str, extra: str, package: str) -> None:
+        super().__init__(
+            f"{module} needs {package!r}, which is not installed: "
+            f"pip install 'aiogroupq[{extra}]'"
+        )
+        self.module = module
+        self.extra = extra
+        self.package = package

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 __all__ = ("Producer",)
 
+import dataclasses
 import time
-from collections.abc import AsyncGenerator, Iterable
+from collections.abc import AsyncGenerator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from typing import Any, Final, Self, TypeVar, overload
@@ -31,6 +32,7 @@ from ._connection import (
     unavailable_as_error,
 )
 from ._keys import QueueKeys
+from ._observer import EventKind, Observer, Observers, check_observers
 from .errors import (
     BatchTooLargeError,
     ConfigurationError,
@@ -82,6 +84,9 @@ class Producer(anyio.AsyncContextManagerMixin):
         readable (at least 60)
     :param allow_eviction: accept a server whose ``maxmemory-policy`` may
         evict keys (and so lose tasks); by default entering refuses it
+    :param observers: instances of :class:`~aiogroupq.Observer` that see
+        each enqueue (metrics) and may attach headers to its tasks (a trace
+        context)
     :raises ConfigurationError: if an argument is unusable
 
     Entering checks the server: its version and its eviction policy
@@ -104,8 +109,10 @@ class Producer(anyio.AsyncContextManagerMixin):
         dedup_window: float | timedelta = DEFAULT_DEDUP_WINDOW,
         retention: float | timedelta = DEFAULT_RETENTION,
         allow_eviction: bool = False,
+        observers: Sequence[Observer] = (),
     ) -> None:
         self._keys = QueueKeys(queue)
+        self._observers = Observers(queue, check_observers(observers))
         _validate.setting_int("max_payload_bytes", max_payload_bytes)
         _validate.setting_int("default_max_attempts", default_max_attempts)
         window = _validate.setting_seconds("dedup_window", dedup_window, minimum=0.001)
@@ -200,22 +207,20 @@ class Producer(anyio.AsyncContextManagerMixin):
             about 5 seconds of retries (a re-sent enqueue never duplicates a
             task: ids are made here)
         """
-        new = self._prepare(
-            Task(
-                task_type,
-                payload,
-                group=group,
-                delay=delay,
-                dedup_key=dedup_key,
-                max_attempts=max_attempts,
-                timeout=timeout,
-                run_at=run_at,
-                priority=priority,
-                expires=expires,
-                unique=unique,
-            )
+        task = Task(
+            task_type,
+            payload,
+            group=group,
+            delay=delay,
+            dedup_key=dedup_key,
+            max_attempts=max_attempts,
+            timeout=timeout,
+            run_at=run_at,
+            priority=priority,
+            expires=expires,
+            unique=unique,
         )
-        ids = await self._enqueue([new])
+        ids = await self._enqueue([task], [self._prepare(task)])
         return ids[0]
 
     @unavailable_as_error
@@ -246,9 +251,43 @@ class Producer(anyio.AsyncContextManagerMixin):
             prepared.append(self._prepare(task))
         if not prepared:
             return []
-        return await self._enqueue(prepared)
+        return await self._enqueue(items, prepared)
 
-    async def _enqueue(self, prepared: list[_scripts.NewTask]) -> list[str]:
+    async def _enqueue(
+        self, tasks: list[Task], prepared: list[tuple[Envelope, _scripts.NewTask]]
+    ) -> list[str]:
+        if self._observers:
+            return await self._enqueue_observed(tasks, prepared)
+        return await self._send([new for _, new in prepared])
+
+    async def _enqueue_observed(
+        self, tasks: list[Task], prepared: list[tuple[Envelope, _scripts.NewTask]]
+    ) -> list[str]:
+        with self._observers.enqueue(tasks) as headers:
+            news = [new for _, new in prepared]
+            if headers is not None:
+                news = [
+                    dataclasses.replace(
+                        new,
+                        envelope=pack(
+                            msgspec.structs.replace(envelope, headers=headers)
+                        ),
+                    )
+                    for envelope, new in prepared
+                ]
+            ids = await self._send(news)
+            # Inside the observers' contexts: a send span learns the ids.
+            for task, new, task_id in zip(tasks, news, ids, strict=True):
+                if task_id == new.id:  # not deduplicated
+                    self._observers.emit(
+                        EventKind.ENQUEUED,
+                        task_id=task_id,
+                        task_type=task.task_type,
+                        group=task.group,
+                    )
+        return ids
+
+    async def _send(self, prepared: list[_scripts.NewTask]) -> list[str]:
         try:
             return await _scripts.enqueue(
                 self._open_client(),
@@ -265,7 +304,7 @@ class Producer(anyio.AsyncContextManagerMixin):
                 self._keys.group(group), "a key of this group is damaged"
             ) from None
 
-    def _prepare(self, task: Task) -> _scripts.NewTask:
+    def _prepare(self, task: Task) -> tuple[Envelope, _scripts.NewTask]:
         task_type = _validate.name("task_type", task.task_type)
         if self._task_types is not None and task_type not in self._task_types:
             raise UnknownTaskTypeError(task_type, self._task_types)
@@ -302,7 +341,7 @@ class Producer(anyio.AsyncContextManagerMixin):
             timeout_ms=None if timeout is None else _validate.to_ms(timeout),
             enqueued_ms=time.time_ns() // 1_000_000,
         )
-        return _scripts.NewTask(
+        return envelope, _scripts.NewTask(
             id=task_id,
             group=group,
             envelope=pack(envelope),

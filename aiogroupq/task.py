@@ -9,6 +9,7 @@ import contextvars
 import enum
 import random
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Final
@@ -118,6 +119,8 @@ class TaskInfo:
         clock (Unix seconds): the moment rate limits count
     :ivar due_at: when the task became runnable, on the server's clock: its
         enqueue, the end of its delay, or the moment its group gave it a slot
+    :ivar headers: what the producer's observers attached to the task (the
+        trace context of :mod:`aiogroupq.otel`); empty without them
     """
 
     id: str
@@ -130,6 +133,7 @@ class TaskInfo:
     started_at: float = 0.0
     due_at: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    headers: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +192,8 @@ class Envelope(msgspec.Struct, array_like=True, frozen=True, gc=False):
     max_attempts: int = 3
     timeout_ms: int | None = None
     enqueued_ms: int = 0
+    # What observers attached (a trace context); None when there is none.
+    headers: dict[str, str] | None = None
 
 
 def new_task_id() -> str:

@@ -36,6 +36,8 @@ autodoc_typehints = "signature"
 # runs offline, without intersphinx inventories.
 nitpicky = True
 _EXTERNAL = ("redis", "msgspec", "anyio", "datetime", "collections", "typing", "enum")
+# The extras' dependencies and the standard library's context managers.
+_EXTERNAL += ("contextlib", "threading", "prometheus_client", "opentelemetry")
 nitpick_ignore_regex = [
     (r"py:.*", rf"({'|'.join(_EXTERNAL)})\..+"),
     (r"py:class", r"aiogroupq\._\w+\.T"),  # a TypeVar, documented by its use
@@ -45,7 +47,10 @@ nitpick_ignore_regex = [
 # annotation as written; these names in it are not aiogroupq's to document.
 nitpick_ignore = [
     ("py:class", name)
-    for name in ("timedelta", "datetime", "RedisLike", "HandlerFunc", "dict[str")
+    for name in (
+        *("timedelta", "datetime", "RedisLike", "HandlerFunc", "dict[str"),
+        *("AbstractContextManager", "WSGIServer"),
+    )
 ]
 
 

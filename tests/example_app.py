@@ -37,6 +37,15 @@ async def work(item: Item) -> None:
 handlers = {"work": work}
 
 
+async def fail(item: Item) -> None:
+    """Always fails, so its task is retried, then dead-lettered."""
+    raise ValueError(f"item {item.n} failed")
+
+
+#: a type that works and one that always fails (the telemetry tests)
+mixed_handlers = {"work": work, "fail": fail}
+
+
 def make_consumer(
     *, redis_url: str, queue: str | None, concurrency: int
 ) -> aiogroupq.Consumer:

@@ -56,6 +56,10 @@ PUBLIC_NAMES = frozenset(
         "UnknownTaskTypeError",
         "check_queue",
         "current_task",
+        "EventKind",
+        "MissingExtraError",
+        "Observer",
+        "TaskEvent",
     }
 )
 
