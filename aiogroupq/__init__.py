@@ -10,6 +10,7 @@ import logging
 
 from ._fsck import Problem as Problem, check_queue as check_queue
 from ._handlers import Handler as Handler
+from ._repair import Repair as Repair, repair_queue as repair_queue
 from .consumer import Consumer as Consumer, ConsumerStats as ConsumerStats
 from .errors import (
     AiogroupqError as AiogroupqError,
@@ -57,6 +58,7 @@ __all__ = (
     "Producer",
     "QueueFullError",
     "RedisUnavailableError",
+    "Repair",
     "Retry",
     "Task",
     "TaskCancelledError",
@@ -68,6 +70,7 @@ __all__ = (
     "UnknownTaskTypeError",
     "check_queue",
     "current_task",
+    "repair_queue",
 )
 
 # Tracebacks and docs show the public path, not the private module.

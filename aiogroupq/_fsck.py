@@ -12,12 +12,17 @@ sets are read in slices of :data:`SLICE` entries, so that no single command
 holds the server for long; the cost is O(keys + entries) time and memory.
 
 Every kind of problem is a module constant (``LOST_TASK``, ``STUCK_PARK``, …);
-their comments say what each means.
+their comments say what each means. The rules mirror what the scripts do,
+not only what they write: a group's settings count only once the queue's
+``conf`` says some group has settings (``gc``), exactly as ``group()`` in
+``lib/groups.lua`` reads them, and an envelope is held to the same limits a
+consumer holds it to (``_runner.py``).
 """
 
 from __future__ import annotations
 
 __all__ = (
+    "BAD_CONF",
     "BAD_COUNT",
     "BAD_ENVELOPE",
     "BAD_FENCE",
@@ -31,6 +36,7 @@ __all__ = (
     "OVERSIZED",
     "SLOT_MISMATCH",
     "STRAY_SLOT",
+    "STUCK_HELD",
     "STUCK_PARK",
     "UNINDEXED_DEAD",
     "UNKNOWN_KEY",
@@ -41,6 +47,8 @@ __all__ = (
     "Snapshot",
     "check",
     "check_queue",
+    "examine",
+    "examine_queue",
     "read",
 )
 
@@ -49,13 +57,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-import msgspec
 from redis.crc import key_slot
 from redis.exceptions import ResponseError
 
-from ._codec import unpack
+from ._codec import describe_decode_error, unpack
 from ._connection import RedisLike, open_client, unavailable_as_error
 from ._keys import QueueKeys
+from ._runner import ENVELOPE_OVERHEAD, _out_of_range
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -70,7 +78,8 @@ WRONG_TYPE: Final = "wrong-type"
 BAD_TASK: Final = "bad-task"
 #: a live task's envelope does not decode (the consumer would dead-letter it)
 BAD_ENVELOPE: Final = "bad-envelope"
-#: a live task's envelope is larger than the consumers' payload limit
+#: a live task's envelope or payload is larger than the consumers' payload
+#: limit (they would dead-letter it unread)
 OVERSIZED: Final = "oversized"
 #: a ready / line / delayed / lease / recovery-key / dead entry names no task
 ORPHAN_ENTRY: Final = "orphan-entry"
@@ -93,6 +102,9 @@ UNMARKED_HEAD: Final = "unmarked-head"
 #: a group has a line while a slot is free and it is neither paused nor
 #: halted: nothing will ever move the line
 STUCK_PARK: Final = "stuck-park"
+#: a group holds heads back (``held:<g>``) while it is neither paused nor
+#: halted and no rate wake-up ``~<g>`` is pending: nothing will bring them back
+STUCK_HELD: Final = "stuck-held"
 #: more running tasks in a group than its concurrency and slots allow: with
 #: concurrency 1, two at once (exclusion is broken)
 GROUP_OVERLAP: Final = "group-overlap"
@@ -101,8 +113,14 @@ BAD_FENCE: Final = "bad-fence"
 #: a dead task missing from the dead-letter index, where nobody would find it
 UNINDEXED_DEAD: Final = "unindexed-dead"
 #: a count kept by the scripts (a group's k, d or w, a stats counter, the
-#: backlog, waiting, halted or paused index) disagrees with the keys
+#: backlog, waiting, halted or paused index) disagrees with the keys, or a
+#: group's hash is left over with nothing in it
 BAD_COUNT: Final = "bad-count"
+#: a flag of the queue's ``conf`` hash that the scripts rely on is missing:
+#: ``pu`` while tasks wait in ``pready`` or carry a priority (claims would
+#: never look there), ``gc`` while groups have settings (they would be
+#: ignored), ``uq`` while tasks hold unique keys (never freed)
+BAD_CONF: Final = "bad-conf"
 
 _LIVE: Final = frozenset({"queued", "delayed", "running"})
 _TERMINAL: Final = frozenset({"succeeded", "dead", "cancelled", "expired"})
@@ -147,10 +165,18 @@ RATE_WAKE: Final = "~"
 SLICE: Final = 10_000
 #: commands per pipeline round trip
 _CHUNK: Final = 1000
+#: envelope bytes fetched per pipeline round trip (at least one envelope)
+_ENVELOPE_BYTES: Final = 8 * 1024 * 1024
 #: default payload limit the check holds envelopes to (the consumers')
 DEFAULT_MAX_PAYLOAD: Final = 512 * 1024
 # Fields read from a task hash, in this order.
-_FIELDS: Final = ("s", "g", "a", "m", "k", "c", "ft", "dt", "p")
+_FIELDS: Final = ("s", "g", "a", "m", "k", "c", "ft", "dt", "p", "u")
+# Families whose keys are read whole; the others are checked for their type.
+_READ: Final = frozenset(
+    {"ready", "delayed", "leases", "dead", "pready", "backlog", "waiting"}
+    | {"halted", "paused", "park", "held", "inflight"}
+    | {"fence", "conf", "stats", "gconf", "grp"}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,12 +188,16 @@ class Problem:
     :ivar task_id: the task concerned, if one is
     :ivar group: the group concerned, if one is
     :ivar detail: a sentence for humans (key names, values seen)
+    :ivar key: the key concerned, if one is
     """
 
     kind: str
     task_id: str | None
     group: str | None
     detail: str
+    #: the key concerned (the list holding a wrong entry, the damaged key, the
+    #: task's or the group's hash), if one is
+    key: str | None = None
 
     def __str__(self) -> str:
         where = "".join(
@@ -192,6 +222,7 @@ class Task:
     ended: str | None
     due: str | None
     priority: str | None
+    unique: str | None
     envelope_size: int  # 0: no envelope field
 
 
@@ -240,14 +271,27 @@ class Snapshot:
     #: True if the queue has no key at all
     empty: bool = True
 
+    def settings(self, group: str) -> dict[str, str]:
+        """The group's own settings, as the scripts see them: only once the
+        queue's conf says some group has settings (``gc``)."""
+        if self.conf.get("gc") != "1":
+            return {}
+        return self.gconf.get(group, {})
+
     def limit(self, group: str) -> int:
-        """The group's concurrency (its own, else the queue's default)."""
-        own = self.gconf.get(group, {}).get("c") or self.conf.get("c")
-        return int(own) if own and own.isdigit() else 1
+        """The group's concurrency (its own, else the queue's default, else 1)."""
+        for value in (self.settings(group).get("c"), self.conf.get("c")):
+            if _is_int(value):
+                return int(value or 0)
+        return 1
 
     def is_paused(self, group: str) -> bool:
         """Whether the group is paused."""
-        return self.gconf.get(group, {}).get("p") == "1"
+        return self.settings(group).get("p") == "1"
+
+    def rate_wakes(self) -> set[str]:
+        """Groups with a rate wake-up ``~<g>`` pending in the delayed set."""
+        return {m[len(RATE_WAKE) :] for m in self.delayed if m.startswith(RATE_WAKE)}
 
 
 def _text(value: object) -> str:
@@ -364,6 +408,8 @@ async def read(
         kind = FIXED.get(family) or FAMILIES[family]
         if family == "t":
             tasks.append(item)
+        elif family not in _READ:
+            continue  # wake, rate, done, dedup, ...: only their type matters
         elif kind in ("hash", "string"):
             small.append((family, item, name))
         else:
@@ -416,7 +462,6 @@ def _store_collection(
         snap.held[item] = [_text(v) for v in values]
     elif family == "inflight":
         snap.inflight[item] = [_text(v) for v in values]
-    # wake, rate, done: only their type matters
 
 
 def _store_small(snap: Snapshot, family: str, item: str, reply: Any) -> None:
@@ -447,15 +492,31 @@ async def _read_tasks(
     calls: list[tuple[str, tuple[Any, ...]]] = []
     for task_id in ids:
         key = _raw(snap.keys.task(task_id))
-        calls += [("HMGET", (key, *_FIELDS)), ("HSTRLEN", (key, "e")), ("HLEN", (key,))]
+        calls += [("HMGET", (key, *_FIELDS)), ("HSTRLEN", (key, "e"))]
     replies = await _run(client, calls)
+    # A hash with none of these fields is either gone (expired or deleted
+    # since the scan) or a task hash of junk: only those are asked which.
+    blank = [
+        task_id
+        for index, task_id in enumerate(ids)
+        if isinstance(replies[2 * index], list)
+        and not replies[2 * index + 1]
+        and all(v is None for v in replies[2 * index])
+    ]
+    exists = dict(
+        zip(
+            blank,
+            await _run(client, [("EXISTS", (_raw(snap.keys.task(i)),)) for i in blank]),
+            strict=True,
+        )
+    )
     for index, task_id in enumerate(ids):
-        fields, size, length = replies[3 * index : 3 * index + 3]
+        fields, size = replies[2 * index : 2 * index + 2]
         if isinstance(fields, ResponseError):
             continue  # reported as a wrong type when the scan saw the key
-        if not length:
+        if task_id in exists and not exists[task_id]:
             continue  # expired or deleted since the scan
-        state, group, attempt, max_attempts, token, consumer, ended, due, prio = (
+        state, group, attempt, max_attempts, token, consumer, ended, due, prio, u = (
             _opt(v) for v in fields
         )
         snap.tasks[task_id] = Task(
@@ -469,30 +530,70 @@ async def _read_tasks(
             ended,
             due,
             prio,
+            u,
             int(size or 0),
         )
-    # Envelopes of live tasks: decodable, and within the payload limit.
-    live = [t for t in snap.tasks.values() if t.state in _LIVE and t.envelope_size]
-    for start in range(0, len(live), _CHUNK):
-        part = live[start : start + _CHUNK]
+    await _read_envelopes(client, snap, max_payload)
+
+
+async def _read_envelopes(client: Redis, snap: Snapshot, max_payload: int) -> None:
+    """Hold each live task's envelope to what a consumer checks before it runs
+    one (``_runner.py``): its size, that it decodes, its payload's size and
+    the envelope's own bounds."""
+    limit = max_payload + ENVELOPE_OVERHEAD
+    live = []
+    for task in snap.tasks.values():
+        if task.state not in _LIVE or not task.envelope_size:
+            continue
+        if task.envelope_size > limit:  # a consumer would not even decode it
+            detail = (
+                f"the envelope is {task.envelope_size} bytes, over the "
+                f"{max_payload} + {ENVELOPE_OVERHEAD} a consumer allows"
+            )
+            snap.bad_envelopes[task.id] = (OVERSIZED, detail)
+        else:
+            live.append(task)
+    # Pipelines of at most _ENVELOPE_BYTES (and _CHUNK commands), so that a
+    # queue of large payloads is never held in memory at once.
+    start = 0
+    while start < len(live):
+        end, size = start, 0
+        while (
+            end < len(live)
+            and end - start < _CHUNK
+            and (end == start or size + live[end].envelope_size <= _ENVELOPE_BYTES)
+        ):
+            size += live[end].envelope_size
+            end += 1
+        part = live[start:end]
+        start = end
         async with client.pipeline(transaction=False) as pipe:
             for task in part:
-                if task.envelope_size <= max_payload:
-                    pipe.hget(_raw(snap.keys.task(task.id)), "e")
-                else:
-                    pipe.echo(b"")
+                pipe.hget(_raw(snap.keys.task(task.id)), "e")
             envelopes: list[Any] = await pipe.execute(raise_on_error=False)
-        for task, envelope in zip(part, envelopes, strict=True):
-            if task.envelope_size > max_payload:
-                snap.bad_envelopes[task.id] = (
-                    OVERSIZED,
-                    f"{task.envelope_size} bytes, over the limit of {max_payload}",
-                )
-            elif isinstance(envelope, bytes):
-                try:
-                    unpack(envelope)
-                except (msgspec.DecodeError, ValueError, RecursionError) as exc:
-                    snap.bad_envelopes[task.id] = (BAD_ENVELOPE, str(exc))
+        for task, data in zip(part, envelopes, strict=True):
+            if isinstance(data, str):  # a client with decoded replies
+                data = data.encode("utf-8", "surrogateescape")
+            if isinstance(data, bytes):
+                _judge_envelope(snap, task.id, data, max_payload)
+
+
+def _judge_envelope(
+    snap: Snapshot, task_id: str, data: bytes, max_payload: int
+) -> None:
+    try:
+        envelope = unpack(data)
+    except Exception as exc:  # noqa: BLE001 - any bytes at all may be stored
+        snap.bad_envelopes[task_id] = (BAD_ENVELOPE, describe_decode_error(exc))
+        return
+    if len(envelope.payload) > max_payload:
+        detail = (
+            f"the payload is {len(envelope.payload)} bytes, over the "
+            f"{max_payload} a consumer allows"
+        )
+        snap.bad_envelopes[task_id] = (OVERSIZED, detail)
+    elif problem := _out_of_range(envelope):
+        snap.bad_envelopes[task_id] = (BAD_ENVELOPE, problem)
 
 
 def _is_int(value: str | None) -> bool:
@@ -510,22 +611,34 @@ class _Checker:
 
     def __init__(self, snap: Snapshot) -> None:
         self.snap = snap
+        self.keys = snap.keys
         self.problems = list(snap.problems)
-        # Every place of each task: "ready", "park:<g>", "held:<g>", "delayed",
-        # "leases", once per entry (so a double entry counts twice).
+        # Every place of each task: "ready", "pready", "park:<g>", "held:<g>",
+        # "delayed", "leases", once per entry (so a double entry counts twice).
         self.places: dict[str, list[str]] = defaultdict(list)
 
     def report(
-        self, kind: str, task_id: str | None, group: str | None, detail: str
+        self,
+        kind: str,
+        task_id: str | None,
+        group: str | None,
+        detail: str,
+        key: str | None = None,
     ) -> None:
-        self.problems.append(Problem(kind, task_id, group, detail))
+        self.problems.append(Problem(kind, task_id, group, detail, key))
+
+    def place_key(self, label: str) -> str:
+        """The key of a place label ("ready", "park:g", ...)."""
+        return self.keys.prefix + label
 
     def run(self) -> list[Problem]:
         snap = self.snap
         for name in snap.unknown:
-            self.report(UNKNOWN_KEY, None, None, f"{name}: no script makes this key")
+            self.report(
+                UNKNOWN_KEY, None, None, f"{name}: no script makes this key", name
+            )
         for name, kind in snap.wrong_types:
-            self.report(WRONG_TYPE, None, None, f"{name} is a {kind}")
+            self.report(WRONG_TYPE, None, None, f"{name} is a {kind}", name)
         for task in snap.tasks.values():
             self.check_fields(task)
         self.collect_places()
@@ -535,6 +648,7 @@ class _Checker:
         self.check_dead_index()
         self.check_groups()
         self.check_indexes()
+        self.check_conf()
         self.check_fence()
         return sorted(
             set(self.problems),
@@ -544,12 +658,15 @@ class _Checker:
     # -- tasks --------------------------------------------------------------
 
     def check_fields(self, task: Task) -> None:
+        key = self.keys.task(task.id)
         missing = []
         if task.state not in _KNOWN_STATES:
-            self.report(BAD_TASK, task.id, task.group, f"unknown state {task.state!r}")
+            self.report(
+                BAD_TASK, task.id, task.group, f"unknown state {task.state!r}", key
+            )
             return
         if task.group == "":
-            self.report(BAD_TASK, task.id, None, "empty group field g")
+            self.report(BAD_TASK, task.id, None, "empty group field g", key)
         if task.state in _LIVE:
             if not task.envelope_size:
                 missing.append("e")
@@ -572,16 +689,17 @@ class _Checker:
                 task.id,
                 task.group,
                 f"{task.state} task lacks valid field(s) {', '.join(missing)}",
+                key,
             )
         if task.id in self.snap.bad_envelopes:
             kind, detail = self.snap.bad_envelopes[task.id]
-            self.report(kind, task.id, task.group, detail)
+            self.report(kind, task.id, task.group, detail, key)
 
     def collect_places(self) -> None:
         snap = self.snap
         containers: list[tuple[str, Iterable[str]]] = [
             ("ready", snap.ready),
-            ("ready", snap.pready),
+            ("pready", snap.pready),
             ("delayed", (i for i in snap.delayed if not i.startswith(RATE_WAKE))),
             ("leases", snap.leases),
         ]
@@ -590,7 +708,13 @@ class _Checker:
         for label, ids in containers:
             for task_id in ids:
                 if task_id not in snap.tasks:
-                    self.report(ORPHAN_ENTRY, task_id, None, f"{label} names no task")
+                    self.report(
+                        ORPHAN_ENTRY,
+                        task_id,
+                        None,
+                        f"{label} names no task",
+                        self.place_key(label),
+                    )
                 else:
                     self.places[task_id].append(label)
 
@@ -599,7 +723,11 @@ class _Checker:
         if task.state in _TERMINAL:
             for label in sorted(set(places)):
                 self.report(
-                    MISPLACED, task.id, task.group, f"{task.state} task in {label}"
+                    MISPLACED,
+                    task.id,
+                    task.group,
+                    f"{task.state} task in {label}",
+                    self.place_key(label),
                 )
             return
         if task.state not in _LIVE:
@@ -610,7 +738,13 @@ class _Checker:
                 "delayed": "the delayed set",
                 "running": "the lease set (it would never be recovered)",
             }[task.state]
-            self.report(LOST_TASK, task.id, task.group, f"{task.state}, not in {where}")
+            self.report(
+                LOST_TASK,
+                task.id,
+                task.group,
+                f"{task.state}, not in {where}",
+                self.keys.task(task.id),
+            )
             return
         if len(places) > 1:
             self.report(
@@ -618,22 +752,28 @@ class _Checker:
                 task.id,
                 task.group,
                 f"{task.state} task in {', '.join(sorted(places))}",
+                self.keys.task(task.id),
             )
             return
         grouped = {f"park:{task.group}", f"held:{task.group}"} if task.group else set()
         allowed = {
-            "queued": {"ready"} | grouped,
+            "queued": {"ready", "pready"} | grouped,
             "delayed": {"delayed"},
             "running": {"leases"},
         }[task.state]
         if places[0] not in allowed:
             self.report(
-                MISPLACED, task.id, task.group, f"{task.state} task in {places[0]}"
+                MISPLACED,
+                task.id,
+                task.group,
+                f"{task.state} task in {places[0]}",
+                self.place_key(places[0]),
             )
 
     def check_inflight(self) -> None:
         owners: dict[str, set[str]] = defaultdict(set)
         for consumer, ids in self.snap.inflight.items():
+            key = self.keys.inflight(consumer)
             for task_id in ids:
                 owners[task_id].add(consumer)
                 task = self.snap.tasks.get(task_id)
@@ -643,6 +783,7 @@ class _Checker:
                         task_id,
                         None,
                         f"inflight:{consumer} names no task",
+                        key,
                     )
                 elif task.state != "running" or task.consumer != consumer:
                     self.report(
@@ -651,6 +792,7 @@ class _Checker:
                         task.group,
                         f"inflight:{consumer} holds a {task.state} task"
                         f" owned by {task.consumer!r}",
+                        key,
                     )
         for task in self.snap.tasks.values():
             if (
@@ -663,6 +805,7 @@ class _Checker:
                     task.id,
                     task.group,
                     f"running on {task.consumer!r} but not in its recovery key",
+                    self.keys.inflight(task.consumer),
                 )
 
     def check_dead_index(self) -> None:
@@ -670,14 +813,30 @@ class _Checker:
         for task_id in indexed:
             task = self.snap.tasks.get(task_id)
             if task is None:
-                self.report(ORPHAN_ENTRY, task_id, None, "dead index names no task")
+                self.report(
+                    ORPHAN_ENTRY,
+                    task_id,
+                    None,
+                    "dead index names no task",
+                    self.keys.dead,
+                )
             elif task.state != "dead":
                 self.report(
-                    MISPLACED, task_id, task.group, f"{task.state} task in dead index"
+                    MISPLACED,
+                    task_id,
+                    task.group,
+                    f"{task.state} task in dead index",
+                    self.keys.dead,
                 )
         for task in self.snap.tasks.values():
             if task.state == "dead" and task.id not in indexed:
-                self.report(UNINDEXED_DEAD, task.id, task.group, "not in dead index")
+                self.report(
+                    UNINDEXED_DEAD,
+                    task.id,
+                    task.group,
+                    "not in dead index",
+                    self.keys.dead,
+                )
 
     # -- groups -------------------------------------------------------------
 
@@ -697,69 +856,101 @@ class _Checker:
             if task.group and task.state in _LIVE:
                 live[task.group].append(task)
         ready = set(snap.ready) | set(snap.pready)
+        wakes = snap.rate_wakes()
         for g in sorted(self.group_names()):
+            if self.keys.group(g) in self.wrong_typed:
+                continue  # reported as WRONG_TYPE; its state is unknown
             state = snap.groups.get(g, GroupState())
-            self.check_group(g, state, live.get(g, []), ready)
+            self.check_group(g, state, live.get(g, []), ready, wakes)
+
+    @property
+    def wrong_typed(self) -> set[str]:
+        return {name for name, _ in self.snap.wrong_types}
 
     def check_group(
-        self, g: str, state: GroupState, tasks: list[Task], ready: set[str]
+        self,
+        g: str,
+        state: GroupState,
+        tasks: list[Task],
+        ready: set[str],
+        wakes: set[str],
     ) -> None:
         snap = self.snap
+        key = self.keys.group(g)
         by_id = {t.id: t for t in tasks}
         line = snap.parks.get(g, [])
-        held = set(snap.held.get(g, []))
+        held_list = snap.held.get(g, [])
+        held = set(held_list)
         limit = snap.limit(g)
         running = [t for t in tasks if t.state == "running"]
         # More running than its slots allow (a lowered concurrency lets the
         # tasks already holding slots finish).
         if len(running) > max(limit, len(state.marks)):
             ids = ", ".join(sorted(t.id for t in running))
-            self.report(GROUP_OVERLAP, None, g, f"running at once: {ids}")
+            self.report(GROUP_OVERLAP, None, g, f"running at once: {ids}", key)
         first_delay = 0
+        in_line = set(line)
         for task in tasks:
             mark = state.marks.get(task.id)
-            expected = self.expected_mark(task, ready, held, line)
+            expected = self.expected_mark(task, ready, held, in_line)
             if expected == "first":
                 first_delay += 1
-                if mark is not None and mark != "r":
+                if mark is not None:
                     self.report(
-                        SLOT_MISMATCH, task.id, g, f"delayed task marked {mark!r}"
+                        SLOT_MISMATCH,
+                        task.id,
+                        g,
+                        f"task in its first delay marked {mark!r}",
+                        key,
                     )
             elif expected == "line":
                 if mark is not None:
                     self.report(
-                        SLOT_MISMATCH, task.id, g, f"task in the line marked {mark!r}"
+                        SLOT_MISMATCH,
+                        task.id,
+                        g,
+                        f"task in the line marked {mark!r}",
+                        key,
                     )
             elif expected is not None and mark is None:
                 where = "ready list" if expected == "@" else "held list"
-                kind = UNMARKED_HEAD if expected in ("@", "~") else SLOT_MISMATCH
-                self.report(
-                    kind, task.id, g, f"{task.state} task ({where}) has no mark"
-                )
+                if expected in ("@", "~"):
+                    detail = f"{task.state} task ({where}) has no mark"
+                    self.report(UNMARKED_HEAD, task.id, g, detail, key)
+                else:
+                    detail = f"{task.state} task has no mark, expected {expected!r}"
+                    self.report(SLOT_MISMATCH, task.id, g, detail, key)
             elif expected is not None and mark != expected:
                 self.report(
                     SLOT_MISMATCH,
                     task.id,
                     g,
                     f"{task.state} task marked {mark!r}, expected {expected!r}",
+                    key,
                 )
         for task_id, mark in state.marks.items():
             if task_id not in by_id:
                 self.report(
-                    STRAY_SLOT, task_id, g, f"mark {mark!r} of no live task of g"
+                    STRAY_SLOT, task_id, g, f"mark {mark!r} of no live task of g", key
                 )
         if state.halted is not None:
             halting = snap.tasks.get(state.halted)
             if halting is None or halting.state != "dead" or halting.group != g:
                 what = "no task" if halting is None else f"a {halting.state} task"
-                self.report(STRAY_SLOT, state.halted, g, f"halted behind {what}")
+                self.report(STRAY_SLOT, state.halted, g, f"halted behind {what}", key)
         counts = {"k": len(state.marks), "d": first_delay, "w": len(line)}
         for name, want in counts.items():
             have = getattr(state, name) or "0"
             if not _is_int(have) or int(have) != want:
-                self.report(BAD_COUNT, None, g, f"{name} is {have!r}, counted {want}")
+                self.report(
+                    BAD_COUNT, None, g, f"{name} is {have!r}, counted {want}", key
+                )
         for name in state.other:
-            self.report(BAD_COUNT, None, g, f"field {name!r} no script writes")
+            self.report(BAD_COUNT, None, g, f"field {name!r} no script writes", key)
+        if g in snap.groups and not (
+            state.marks or first_delay or line or state.halted is not None
+        ):
+            self.report(BAD_COUNT, None, g, "the group's hash is left over empty", key)
         blocked = state.halted is not None or snap.is_paused(g)
         if line and not blocked and len(state.marks) < limit:
             self.report(
@@ -767,10 +958,20 @@ class _Checker:
                 None,
                 g,
                 f"{len(line)} in line behind {len(state.marks)} of {limit} slots taken",
+                self.keys.parked(g),
+            )
+        if held_list and not blocked and g not in wakes:
+            self.report(
+                STUCK_HELD,
+                None,
+                g,
+                f"{len(held_list)} held back, and the group is not paused, "
+                "halted or waiting for its rate",
+                self.keys.held(g),
             )
 
     def expected_mark(
-        self, task: Task, ready: set[str], held: set[str], line: list[str]
+        self, task: Task, ready: set[str], held: set[str], line: set[str]
     ) -> str | None:
         """What the group's mark of *task* should be: '@', '~', 'r', its
         token, "line", "first" (a first delay: no mark), or None (lost or
@@ -778,6 +979,8 @@ class _Checker:
         if task.state == "running":
             return task.token
         if task.state == "delayed":
+            # A retry waits out its backoff holding its slot; a task that never
+            # started is in its first delay and holds none.
             return (
                 "r" if _is_int(task.attempt) and int(task.attempt or 0) > 0 else "first"
             )
@@ -791,30 +994,108 @@ class _Checker:
 
     def check_indexes(self) -> None:
         snap = self.snap
+        wrong = self.wrong_typed
         with_line = {g: len(ids) for g, ids in snap.parks.items() if ids}
-        if {g: int(n) for g, n in snap.backlog.items()} != with_line:
-            self.report(BAD_COUNT, None, None, "backlog index differs from the lines")
-        if snap.waiting != set(with_line):
-            self.report(BAD_COUNT, None, None, "waiting index differs from the lines")
+        if snap.keys.backlog not in wrong and (
+            {g: int(n) for g, n in snap.backlog.items()} != with_line
+        ):
+            self.report(
+                BAD_COUNT,
+                None,
+                None,
+                "backlog index differs from the lines",
+                self.keys.backlog,
+            )
+        if snap.keys.waiting not in wrong and snap.waiting != set(with_line):
+            self.report(
+                BAD_COUNT,
+                None,
+                None,
+                "waiting index differs from the lines",
+                self.keys.waiting,
+            )
         halted = {g for g, s in snap.groups.items() if s.halted is not None}
-        if snap.halted != halted:
-            self.report(BAD_COUNT, None, None, "halted index differs from the groups")
+        if snap.keys.halted not in wrong and snap.halted != halted:
+            self.report(
+                BAD_COUNT,
+                None,
+                None,
+                "halted index differs from the groups",
+                self.keys.halted,
+            )
         paused = {g for g in snap.gconf if snap.is_paused(g)}
-        if snap.paused != paused:
-            self.report(BAD_COUNT, None, None, "paused index differs from the groups")
-        wakes = sum(1 for m in snap.delayed if m.startswith(RATE_WAKE))
+        if snap.keys.paused not in wrong and snap.paused != paused:
+            self.report(
+                BAD_COUNT,
+                None,
+                None,
+                "paused index differs from the groups",
+                self.keys.paused,
+            )
+        if snap.keys.stats in wrong:
+            return
         counts = {
             "parked": sum(with_line.values()),
             "held": sum(len(ids) for ids in snap.held.values()),
-            "ratewait": wakes,
+            "ratewait": len(snap.rate_wakes()),
             "groups": len(snap.groups),
         }
         for name, want in counts.items():
             have = snap.stats.get(name, "0")
             if not _is_int(have) or int(have) != want:
                 self.report(
-                    BAD_COUNT, None, None, f"stats {name} is {have!r}, counted {want}"
+                    BAD_COUNT,
+                    None,
+                    None,
+                    f"stats {name} is {have!r}, counted {want}",
+                    self.keys.stats,
                 )
+        for name, value in snap.stats.items():
+            if name not in counts and not _is_int(value):
+                self.report(
+                    BAD_COUNT,
+                    None,
+                    None,
+                    f"stats {name} is {value!r}, not an integer",
+                    self.keys.stats,
+                )
+
+    def check_conf(self) -> None:
+        snap = self.snap
+        if snap.keys.conf in self.wrong_typed:
+            return
+        key = self.keys.conf
+        live = [t for t in snap.tasks.values() if t.state in _LIVE]
+        prioritised = any(
+            _is_int(t.priority) and int(t.priority or 0) > 0 for t in live
+        )
+        if snap.conf.get("pu") != "1" and (snap.pready or prioritised):
+            self.report(
+                BAD_CONF,
+                None,
+                None,
+                f"priorities are in use ({len(snap.pready)} in pready) but conf "
+                "pu is unset: claims would not look at pready",
+                key,
+            )
+        if snap.conf.get("gc") != "1" and snap.gconf:
+            self.report(
+                BAD_CONF,
+                None,
+                None,
+                f"{len(snap.gconf)} groups have settings but conf gc is unset: "
+                "the scripts ignore them",
+                key,
+            )
+        if snap.conf.get("uq") != "1" and any(t.unique for t in live):
+            self.report(
+                BAD_CONF,
+                None,
+                None,
+                "tasks hold unique keys but conf uq is unset: their ends "
+                "would not free them",
+                key,
+            )
 
     def check_fence(self) -> None:
         tokens = [
@@ -823,13 +1104,18 @@ class _Checker:
             if t.token is not None and _is_int(t.token)
         ]
         fence = self.snap.fence
+        key = self.keys.fence
+        if key in self.wrong_typed:
+            return
         if fence is not None and not _is_int(fence):
-            self.report(BAD_FENCE, None, None, f"fence is {fence!r}, not an integer")
+            self.report(
+                BAD_FENCE, None, None, f"fence is {fence!r}, not an integer", key
+            )
             return
         if not tokens:
             return
         if fence is None:
-            self.report(BAD_FENCE, None, None, "fence is missing but tokens exist")
+            self.report(BAD_FENCE, None, None, "fence is missing but tokens exist", key)
             return
         for task_id, group, token in tokens:
             if token > int(fence):
@@ -838,6 +1124,7 @@ class _Checker:
                     task_id,
                     group,
                     f"token {token} is above the fence counter {fence}",
+                    key,
                 )
 
 
@@ -846,39 +1133,56 @@ def problems_of(snap: Snapshot) -> list[Problem]:
     return _Checker(snap).run()
 
 
+async def examine(
+    client: Redis, keys: QueueKeys, *, max_payload: int = DEFAULT_MAX_PAYLOAD
+) -> tuple[Snapshot, list[Problem]]:
+    """Read a queue and apply every rule: the snapshot (``empty`` says
+    whether the queue has any key) and its problems."""
+    snap = await read(client, keys, max_payload=max_payload)
+    return snap, problems_of(snap)
+
+
 async def check(
     client: Redis, keys: QueueKeys, *, max_payload: int = DEFAULT_MAX_PAYLOAD
 ) -> list[Problem]:
     """Walk one queue's keys and report every broken invariant.
 
-    :param client: any client of the queue's server (bytes or decoded replies)
+    :param client: any client of the queue's server, with bytes replies
     :param keys: the queue's key names
     :param max_payload: the consumers' payload limit, in bytes
     :return: the problems, sorted by kind, group and task; empty if the queue
         is consistent
     """
-    return problems_of(await read(client, keys, max_payload=max_payload))
+    return (await examine(client, keys, max_payload=max_payload))[1]
 
 
-async def check_queue(redis: RedisLike, queue: str) -> list[Problem]:
+async def check_queue(
+    redis: RedisLike, queue: str, *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD
+) -> list[Problem]:
     """Check one queue's Redis keys and return every broken invariant found.
 
-    An empty list means the queue is consistent. The reads are not one atomic
-    snapshot: on a busy queue, confirm a problem by checking again.
+    An empty list means the queue is consistent (or has no keys at all). The
+    reads are not one atomic snapshot: on a busy queue, confirm a problem by
+    checking again.
 
     :param redis: a ``redis://`` URL or a ``redis.asyncio.Redis`` client
     :param queue: the queue name
+    :param max_payload_bytes: the consumers' ``max_payload_bytes``: a live
+        task they would refuse as too large is reported ``oversized``
     :raises ConfigurationError: for a bad queue name or client
     :raises RedisUnavailableError: if Redis cannot be reached
     """
     keys = QueueKeys(queue)
-    return await _checked(redis, keys)
+    return (await examine_queue(redis, keys, max_payload=max_payload_bytes))[1]
 
 
 @unavailable_as_error
-async def _checked(redis: RedisLike, keys: QueueKeys) -> list[Problem]:
+async def examine_queue(
+    redis: RedisLike, keys: QueueKeys, *, max_payload: int = DEFAULT_MAX_PAYLOAD
+) -> tuple[Snapshot, list[Problem]]:
+    """:func:`examine` with a URL or a client to borrow."""
     async with open_client(redis, retry=True) as client:
-        return await check(client, keys)
+        return await examine(client, keys, max_payload=max_payload)
 
 
 def tally(problems: Iterable[Problem]) -> Counter[str]:

@@ -52,14 +52,37 @@ def rule_for(queue: str, password: str, extra: tuple[str, ...] = ()) -> list[str
     return [*out, *extra]
 
 
+#: what aiogroupq check --repair needs on top of the rule and CHECK_EXTRA
+REPAIR_EXTRA = tuple(
+    re.findall(
+        r"\+[a-z|]+",
+        re.findall(
+            r"`aiogroupq check --repair` \(`repair_queue`\) needs.*",
+            (ROOT / "docs/operations.md").read_text(),
+        )[0],
+    )
+)
+
+
+def _called(*, repair: bool) -> set[str]:
+    """Commands the scripts and their helpers call: the operator's repair
+    script's, or all the others'."""
+    lua = "\n".join(
+        path.read_text()
+        for path in (ROOT / "aiogroupq" / "_lua").rglob("*.lua")
+        if (path.name == "repair.lua") == repair
+    )
+    return {name.lower() for name in re.findall(r"redis\.p?call\(\s*'(\w+)'", lua)}
+
+
 def test_rule_allows_every_command_the_scripts_call() -> None:
     allowed = {word[1:].lower() for word in documented_rule() if word.startswith("+")}
-    lua = "\n".join(
-        path.read_text() for path in (ROOT / "aiogroupq" / "_lua").glob("*.lua")
-    )
-    called = {name.lower() for name in re.findall(r"redis\.p?call\(\s*'(\w+)'", lua)}
+    called = _called(repair=False)
     assert called, "no redis.call found: has the scripts' style changed?"
     assert called - allowed == set()
+    # The repair is an operator's tool, with extras of its own.
+    extras = {word[1:].lower() for word in (*CHECK_EXTRA, *REPAIR_EXTRA)}
+    assert _called(repair=True) - allowed - extras == set()
 
 
 def _as_user(url: str, user: str, password: str) -> str:

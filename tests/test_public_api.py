@@ -33,6 +33,7 @@ PUBLIC_NAMES = frozenset(
         "Producer",
         "QueueFullError",
         "RedisUnavailableError",
+        "Repair",
         "Retry",
         "Task",
         "TaskCancelledError",
@@ -44,6 +45,7 @@ PUBLIC_NAMES = frozenset(
         "UnknownTaskTypeError",
         "check_queue",
         "current_task",
+        "repair_queue",
     }
 )
 
@@ -77,7 +79,9 @@ def test_no_public_class_or_function_is_left_out_of_all() -> None:
     assert stray == []
 
 
-@pytest.mark.parametrize("name", [*PUBLIC_CLASSES, "check_queue", "current_task"])
+@pytest.mark.parametrize(
+    "name", [*PUBLIC_CLASSES, "check_queue", "current_task", "repair_queue"]
+)
 def test_public_objects_report_the_public_module(name: str) -> None:
     # Tracebacks, reprs and pickles should show aiogroupq.X, not a private path.
     assert getattr(aiogroupq, name).__module__ == "aiogroupq"
