@@ -18,7 +18,7 @@ import pytest
 import redis.asyncio
 
 import aiogroupq
-from aiogroupq import _fsck, _scripts
+from aiogroupq import _fsck, _scripts, _snapshot
 from aiogroupq._codec import pack
 from aiogroupq._keys import QueueKeys
 from aiogroupq.task import Envelope
@@ -96,7 +96,7 @@ async def test_a_line_task_lost_far_into_a_long_line_is_found(
 ) -> None:
     """Lists, sets and sorted sets are read in slices of SLICE entries: none
     is read with one command however long it is, and none is cut short."""
-    monkeypatch.setattr(_fsck, "SLICE", 4)
+    monkeypatch.setattr(_snapshot, "SLICE", 4)
     ranges: list[int] = []
     for name in ("lrange", "zrange"):
         real = getattr(redis_client, name)
