@@ -54,7 +54,6 @@ _PER_STEP: Final = 200
 REPAIR: Final = Script("repair")
 
 _LIVE: Final = frozenset({"queued", "delayed", "running"})
-_KNOWN: Final = _LIVE | {"succeeded", "dead", "cancelled", "expired"}
 
 # Which stage repairs each kind of problem; WRONG_SLOT has none (the key's
 # name is wrong, which only a rename by hand can fix).

@@ -1805,3 +1805,55 @@ async def test_damaged_entries_in_lists_are_dropped_and_reported(
     assert len(reply.problems) == 3, reply.problems
     assert await lrange(redis_client, KEYS.ready) == []
     assert await zmembers(redis_client, KEYS.delayed) == []
+
+
+async def test_a_counter_that_is_not_an_integer_fails_no_script(
+    redis_client: redis.asyncio.Redis,
+) -> None:
+    """The stats counters are bumped at the end of a call: a counter holding
+    junk used to fail the script there, after its writes (no rollback), so
+    an enqueue reported an error for tasks it had written. The junk stays
+    (the check reports it, the repair resets it); the call goes through."""
+    await redis_client.hset(KEYS.stats, mapping={"parked": "junk", "started": "x"})
+    assert await enqueue(redis_client, new("a1", "g"), new("a2", "g")) == [
+        "a1",
+        "a2",
+    ]
+    assert await lrange(redis_client, KEYS.parked("g")) == ["a2"]
+    a1 = await claim_one(redis_client)
+    assert await finish(redis_client, ok(a1)) == [_scripts.APPLIED]
+    assert await claim_ids(redis_client) == ["a2"]
+    assert await hash_of(redis_client, KEYS.stats) == {
+        "parked": "junk",
+        "started": "x",
+        "enqueued": "2",
+        "succeeded": "1",
+        "groups": "1",
+    }
+    problems = await _fsck.check(redis_client, KEYS)
+    assert {p.kind for p in problems} == {_fsck.BAD_COUNT}
+
+
+async def test_a_handed_back_task_with_junk_attempts_fails_no_batch(
+    redis_client: redis.asyncio.Redis,
+) -> None:
+    await enqueue(redis_client, new("a", "g"), new("b", "h"), new("c"))
+    a, b, c = (await claim(redis_client)).tasks
+    await redis_client.hset(KEYS.task("b"), "a", "junk")
+    codes = await finish(
+        redis_client, ok(a), _scripts.Outcome("b", b.token, "back"), ok(c)
+    )
+    assert codes == [_scripts.APPLIED] * 3
+    assert await field(redis_client, "c", "s") == "succeeded"
+    # b went back to the front of its group; the next claim finds its hash
+    # damaged and dead-letters it, and its group moves on.
+    assert await field(redis_client, "b", "s") == "queued"
+    reply = await claim(redis_client)
+    assert reply.dead == ("b",)
+    # A lost claim reply gives back a task the same way (uncounted).
+    await enqueue(redis_client, new("d", "h"))
+    d = await claim_one(redis_client, "w")
+    await redis_client.hset(KEYS.task("d"), "a", "junk")
+    assert await _scripts.recover(redis_client, KEYS, "w", counted=False) == (1, ())
+    assert await field(redis_client, "d", "s") == "queued"
+    assert d.id == "d"
