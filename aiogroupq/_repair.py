@@ -277,13 +277,16 @@ def _plan_places(snap: fsck.Snapshot, problems: Sequence[fsck.Problem]) -> list[
             for label in places.get(task_id, [])
             if not label.startswith(("inflight:", "dead"))
         ]
+        twice = task is not None and waits.count(f"park:{task.group}") > 1
         if (
             task is not None
             and task.state == "queued"
             and task.group
-            and not waits
+            and (not waits or twice)
             and task_id not in snap.groups.get(task.group, fsck.GroupState()).marks
         ):
+            # Lost, or twice in its line (then one entry goes back at its
+            # place, as a lost one would).
             lost[task.group].append(task_id)
     pivots: dict[str, str] = {}
     for group, members in lost.items():

@@ -409,6 +409,12 @@ _register(
     _fsck.UNMARKED_HEAD,
 )
 _register(
+    "line-entry-copied-to-its-front",
+    commands(("LPUSH", KEYS.parked("g1"), "a04")),
+    _fsck.DUPLICATE,
+    _fsck.BAD_COUNT,
+)
+_register(
     "delayed-task-also-in-line",
     commands(("RPUSH", KEYS.parked("g7"), "q09")),
     _fsck.DUPLICATE,

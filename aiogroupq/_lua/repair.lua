@@ -202,8 +202,11 @@ local function place(id, pivot, labels)
   end
   local inflight = (s == 'running' and c) and ('inflight:' .. c) or nil
   local lost = right and not named[right] and not is_in(right, id)
-  if lost and right == 'park:' .. tostring(g) and pivot ~= ''
-      and not redis.call('LPOS', k_park(g), pivot) then
+  -- Twice in its line: which entry is at its place is not known, so all go
+  -- and one comes back at its place, as a lost one would.
+  local relined = right == 'park:' .. tostring(g) and (named[right] or 0) > 1
+  if (lost or relined) and right == 'park:' .. tostring(g) and pivot ~= ''
+      and (pivot == id or not redis.call('LPOS', k_park(g), pivot)) then
     return 'retry' -- the line changed since the check: plan again
   end
 
@@ -214,7 +217,12 @@ local function place(id, pivot, labels)
       if label ~= right and label ~= inflight then remove(label, id, false) end
     end
   end
-  if right and (named[right] or 0) > 1 then remove(right, id, true) end
+  if relined then
+    remove(right, id, false)
+    into_line(g, id, pivot)
+  elseif right and (named[right] or 0) > 1 then
+    remove(right, id, true)
+  end
   if lost then
     if right == 'leases' then -- already expired: the next claim recovers it
       redis.call('ZADD', K_LEASES, 0, id)
