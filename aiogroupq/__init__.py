@@ -15,6 +15,7 @@ from ._observer import (
     Observer as Observer,
     TaskEvent as TaskEvent,
 )
+from ._repair import Repair as Repair, repair_queue as repair_queue
 from ._schedule import Schedule as Schedule
 from .admin import (
     Admin as Admin,
@@ -90,6 +91,7 @@ __all__ = (
     "QueueSettings",
     "Rate",
     "RedisUnavailableError",
+    "Repair",
     "Retry",
     "Schedule",
     "Task",
@@ -104,6 +106,7 @@ __all__ = (
     "UnknownTaskTypeError",
     "check_queue",
     "current_task",
+    "repair_queue",
 )
 
 # Tracebacks and docs show the public path, not the private module.

@@ -75,10 +75,11 @@ from redis.exceptions import RedisError
 
 from . import __version__
 from ._connection import safe_url
-from ._fsck import check_queue
+from ._fsck import DEFAULT_MAX_PAYLOAD, examine_queue
 from ._handlers import build_routes
-from ._keys import validate_queue_name
+from ._keys import QueueKeys, validate_queue_name
 from ._logging import configure as configure_logging
+from ._repair import repair_keys
 from ._schedule import Schedule
 from .consumer import Consumer
 from .errors import ConfigurationError, MissingExtraError, RedisUnavailableError
@@ -124,7 +125,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "worker":
             return _worker(args)
         if args.command == "check":
-            return anyio.run(_check, args.redis_url, args.queue)
+            return anyio.run(
+                _check, args.redis_url, args.queue, args.repair, args.max_payload_bytes
+            )
         from ._demo import run_demo
 
         return run_demo(
@@ -142,14 +145,28 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-async def _check(redis_url: str, queue: str) -> int:
+async def _check(redis_url: str, queue: str, repair: bool, max_payload: int) -> int:
     try:
-        problems = await check_queue(redis_url, queue)
+        keys = QueueKeys(queue)
+        snap, problems = await examine_queue(redis_url, keys, max_payload=max_payload)
+        if snap.empty:
+            # Most likely a misspelt name or another database: "0 problems"
+            # would read as a clean bill of health.
+            print(f"queue {queue!r} has no keys (check the name and the database)")
+            return 0
+        for problem in problems:
+            print(problem)
+        print(f"queue {queue!r}: {len(problems)} problems")
+        if not repair or not problems:
+            return 1 if problems else 0
+        done, problems = await repair_keys(redis_url, keys, max_payload=max_payload)
     except (ConfigurationError, RedisUnavailableError) as exc:
         raise UsageError(f"Redis at {safe_url(redis_url)}: {exc}") from None
+    for change in done:
+        print(f"repaired: {change}")
     for problem in problems:
-        print(problem)
-    print(f"queue {queue!r}: {len(problems)} problems")
+        print(f"left: {problem}")
+    print(f"queue {queue!r}: {len(done)} changes made, {len(problems)} problems left")
     return 1 if problems else 0
 
 
@@ -201,12 +218,26 @@ def _parser() -> argparse.ArgumentParser:
         "check",
         help="check a queue's Redis keys for broken invariants (exit 1 if any)",
         description="Walk every key of a queue and report each broken invariant "
-        "(a task in two places, a lock without a live task, a parked line "
-        "behind a free group, a key in another cluster slot, ...). The reads "
-        "are not one snapshot: on a busy queue, run it twice before you "
-        "believe a problem.",
+        "(a task in two places or in none, a slot mark without its task, a "
+        "group's line behind a free slot, a key of the wrong type, an envelope "
+        "that does not decode, ...). The reads are not one snapshot: on a busy "
+        "queue, run it twice before you believe a problem. With --repair, "
+        "repair what it found, keeping group order, then report what is left "
+        "(exit 1 if anything is).",
     )
     check.add_argument("--queue", required=True, help="queue name")
+    check.add_argument(
+        "--repair",
+        action="store_true",
+        help="repair the problems found (safe on a live queue)",
+    )
+    check.add_argument(
+        "--max-payload-bytes",
+        type=_positive_int,
+        default=DEFAULT_MAX_PAYLOAD,
+        help="the consumers' max_payload_bytes: live tasks over it are "
+        "reported (default %(default)s)",
+    )
     check.add_argument(
         "--redis-url",
         default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL),

@@ -44,6 +44,7 @@ PUBLIC_NAMES = frozenset(
         "Producer",
         "QueueFullError",
         "RedisUnavailableError",
+        "Repair",
         "Retry",
         "Schedule",
         "Task",
@@ -60,6 +61,7 @@ PUBLIC_NAMES = frozenset(
         "MissingExtraError",
         "Observer",
         "TaskEvent",
+        "repair_queue",
     }
 )
 
@@ -93,7 +95,9 @@ def test_no_public_class_or_function_is_left_out_of_all() -> None:
     assert stray == []
 
 
-@pytest.mark.parametrize("name", [*PUBLIC_CLASSES, "check_queue", "current_task"])
+@pytest.mark.parametrize(
+    "name", [*PUBLIC_CLASSES, "check_queue", "current_task", "repair_queue"]
+)
 def test_public_objects_report_the_public_module(name: str) -> None:
     # Tracebacks, reprs and pickles should show aiogroupq.X, not a private path.
     assert getattr(aiogroupq, name).__module__ == "aiogroupq"

@@ -54,8 +54,7 @@ if not (k and lease_ms and scan_limit and promote_limit and recover_limit and re
 end
 local inflight, last_key = KEYS[7], KEYS[8]
 local bad = check_fixed({ K_DELAYED, 'zset', K_LEASES, 'zset', K_DEAD, 'zset',
-  inflight, 'set',
-  last_key, 'string' })
+  inflight, 'set', last_key, 'string', K_FENCE, 'string' })
 if bad then return bad end
 local fence = redis.call('GET', K_FENCE)
 if fence and not tonumber(fence) then

@@ -105,7 +105,7 @@ local function apply(id, token, kind, arg1, arg2, f)
   else -- back
     redis.call('HDEL', key, 'c')
     redis.call('HSET', key, 'f', token, 's', 'queued')
-    redis.call('HINCRBY', key, 'a', -1)
+    incr(key, 'a', -1)
     continue_front(G, id, tonumber(f[8]) or 0)
     readied = readied + 1
   end

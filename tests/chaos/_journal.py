@@ -9,7 +9,8 @@ server's ``TIME`` in ms, for the durations the tests print.
 The journal is *fenced* (the oracle "O4" of RELIABILITY.md): a handler's line
 carries its fencing token, and the script marks it ``fresh`` only if that
 token still owns the task at that moment (the task is ``running`` with this
-token and, for a grouped task, the group's lock holds it). A write of a
+token and, for a grouped task, its slot mark in the group's hash ``grp:<g>``
+is this token). A write of a
 handler that lost its lease is kept but marked stale: it is how a user's
 external store would refuse it when given ``current_task().fencing_token``.
 
@@ -43,9 +44,9 @@ CLOCK: Final = "chaos:clock"
 JOURNAL: Final = "chaos:journal"
 RIDS: Final = "chaos:rids"
 
-# KEYS: clock, journal, rids, task hash, group lock (or any key, unused)
+# KEYS: clock, journal, rids, task hash, group hash (or any key, unused)
 # ARGV: record id (dedupes a re-sent call), token ("" for a fault mark),
-#       1 if the task is grouped, the line after "clock ms fresh"
+#       1 if the task is grouped, the line after "clock ms fresh", task id
 JOURNAL_LUA: Final = """
 if redis.call('SADD', KEYS[3], ARGV[1]) == 0 then return -1 end
 local clock = redis.call('INCR', KEYS[1])
@@ -55,7 +56,9 @@ local fresh = 1
 if ARGV[2] ~= '' then
   local f = redis.call('HMGET', KEYS[4], 'k', 's')
   if f[1] ~= ARGV[2] or f[2] ~= 'running' then fresh = 0 end
-  if ARGV[3] == '1' and redis.call('GET', KEYS[5]) ~= ARGV[2] then fresh = 0 end
+  if ARGV[3] == '1' and redis.call('HGET', KEYS[5], 'h:' .. ARGV[5]) ~= ARGV[2] then
+    fresh = 0
+  end
 end
 redis.call('RPUSH', KEYS[2], clock .. ' ' .. ms .. ' ' .. fresh .. ' ' .. ARGV[4])
 return clock
@@ -87,9 +90,9 @@ class JournalWriter:
             JOURNAL,
             RIDS,
             f"{self.prefix}t:{task_id}" if task_id else CLOCK,
-            f"{self.prefix}lock:{group}" if group else CLOCK,
+            f"{self.prefix}grp:{group}" if group else CLOCK,
         ]
-        args = [rid, token, "1" if group else "0", line]
+        args = [rid, token, "1" if group else "0", line, task_id]
         delay = 0.02
         while True:
             try:

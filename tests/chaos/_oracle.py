@@ -209,6 +209,8 @@ class _Windows:
     restarts: list[tuple[int, int]] = field(default_factory=list)
     ups: list[int] = field(default_factory=list)  # server ms Redis came back
     drops: list[int] = field(default_factory=list)
+    #: partitions and pauses: a mark when they begin and one when they end
+    cutoffs: list[tuple[int, int]] = field(default_factory=list)
 
     def killed_between(self, pid: int, lo: int, hi: int) -> bool:
         return any(lo < k.clock <= hi for k in self.kills.get(pid, ()))
@@ -225,7 +227,12 @@ class _Windows:
         return any(0 <= ms - up <= BACKLOG_MS for up in self.ups)
 
     def drop_between(self, lo: int, hi: int) -> bool:
-        return any(lo < d < hi for d in self.drops)
+        # A partition or pause explains what overlaps it, even a run whose
+        # start was journaled after it began (the claim's reply was on its
+        # way; the journal has its own connection, outside the proxy).
+        return any(lo < d < hi for d in self.drops) or any(
+            begin < hi and end > lo for begin, end in self.cutoffs
+        )
 
     def terminating(self, pid: int, clock: int) -> bool:
         term = self.terms.get(pid)
@@ -235,6 +242,7 @@ class _Windows:
 def _windows(events: list[Event]) -> _Windows:
     w = _Windows()
     open_stop: dict[int, Event] = {}
+    open_cutoff: dict[str, int] = {}
     down: int | None = None
     last = events[-1].clock if events else 0
     for e in events:
@@ -253,12 +261,18 @@ def _windows(events: list[Event]) -> _Windows:
             w.restarts.append((down, e.clock))
             w.ups.append(e.ms)
             down = None
+        elif e.kind == "D" and e.arg in ("partition", "pause"):
+            if e.arg in open_cutoff:
+                w.cutoffs.append((open_cutoff.pop(e.arg), e.clock))
+            else:
+                open_cutoff[e.arg] = e.clock
         elif e.kind == "D":
             w.drops.append(e.clock)
     for pid, p in open_stop.items():
         w.stops[pid].append((p.clock, last + 1, p, None))
     if down is not None:
         w.restarts.append((down, last + 1))
+    w.cutoffs += [(begin, last + 1) for begin in open_cutoff.values()]
     return w
 
 

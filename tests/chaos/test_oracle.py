@@ -196,6 +196,24 @@ def test_a_second_complete_run_needs_a_fault_in_between() -> None:
     assert v.reruns["restart"] == 1
 
 
+def test_a_partition_explains_a_run_it_overlaps() -> None:
+    # The run starts after the partition's first mark (its claim's reply was
+    # on its way) and its consumer cannot finish it: the lease expires and
+    # the task runs again before the partition's end mark.
+    for how, explained in (("partition", True), ("pause", True), ("reset", False)):
+        h = History()
+        h.task(0, "g", 0)
+        h.mark("D", arg=how)
+        h.run("S", 0, 1)
+        h.run("E", 0, 1)
+        h.run("S", 0, 2, attempt=2)
+        h.run("E", 0, 2, attempt=2)
+        h.mark("D", arg=how)
+        h.done(0, 2)
+        v = h.judge()
+        assert (v.violations == []) == explained, (how, v.violations)
+
+
 def test_running_again_after_success_is_a_duplicate() -> None:
     h = History()
     h.task(0, None, 0)

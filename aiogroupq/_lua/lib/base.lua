@@ -115,6 +115,18 @@ end
 -- flush() before it returns. The libs that accumulate set these.
 local flush_groups, flush_seq
 
+-- HINCRBY that leaves a field holding something else than an integer as it
+-- is (damage the check reports) instead of failing the script after its
+-- writes, which stay (no rollback). Returns the new value, or nil.
+local function incr(key, field, n)
+  local reply = redis.pcall('HINCRBY', key, field, n)
+  if type(reply) == 'table' and reply.err then
+    if string.find(reply.err, 'not an integer', 1, true) then return nil end
+    error(reply)
+  end
+  return reply
+end
+
 -- Counters of the stats hash, added up during the call.
 local COUNTS
 local function bump(field, n)
@@ -126,7 +138,7 @@ local function flush()
   if flush_groups then flush_groups() end -- bumps 'groups': before the counters
   if COUNTS then
     for field, n in pairs(COUNTS) do
-      if n ~= 0 then redis.call('HINCRBY', K_STATS, field, n) end
+      if n ~= 0 then incr(K_STATS, field, n) end
     end
     COUNTS = nil
   end

@@ -32,7 +32,7 @@ local function recover(id, now, why, counted, retention)
   local attempt, max_attempts = tonumber(f[2]) or 0, tonumber(f[3]) or 1
   if counted then bump('recovered', 1) end
   if not counted then
-    redis.call('HINCRBY', key, 'a', -1)
+    incr(key, 'a', -1)
   elseif attempt >= max_attempts then
     bury(id, G, true, now, why .. ' on the last attempt (' .. attempt .. ' of ' ..
       max_attempts .. '); consumer ' .. tostring(f[4]), '')
