@@ -10,6 +10,15 @@ import logging
 
 from ._fsck import Problem as Problem, check_queue as check_queue
 from ._handlers import Handler as Handler
+from ._views import (
+    ConsumerInfo as ConsumerInfo,
+    GroupInfo as GroupInfo,
+    GroupPage as GroupPage,
+    GroupState as GroupState,
+    GroupTask as GroupTask,
+    QueueStats as QueueStats,
+    TaskDetails as TaskDetails,
+)
 from .admin import (
     Admin as Admin,
     GroupSettings as GroupSettings,
@@ -56,12 +65,17 @@ __all__ = (
     "BatchTooLargeError",
     "ConfigurationError",
     "Consumer",
+    "ConsumerInfo",
     "ConsumerStats",
     "CorruptQueueError",
     "CorruptTaskError",
     "DeadLetter",
     "GroupFullError",
+    "GroupInfo",
+    "GroupPage",
     "GroupSettings",
+    "GroupState",
+    "GroupTask",
     "Handler",
     "InvalidGroupError",
     "InvalidResultError",
@@ -72,11 +86,13 @@ __all__ = (
     "Producer",
     "QueueFullError",
     "QueueSettings",
+    "QueueStats",
     "Rate",
     "RedisUnavailableError",
     "Retry",
     "Task",
     "TaskCancelledError",
+    "TaskDetails",
     "TaskExpiredError",
     "TaskFailedError",
     "TaskInfo",

@@ -34,12 +34,15 @@ from ._finisher import Finisher
 from ._handlers import Handler, HandlerFunc, build_routes
 from ._identity import Identity
 from ._keys import QueueKeys
+from ._registry import leave_registry
 from ._runner import RetryPolicy, Running, run_task
 from ._validate import setting_int, setting_seconds
 from .errors import ConfigurationError, QueueFullError
 from .producer import DEFAULT_MAX_PAYLOAD_BYTES
 
 if TYPE_CHECKING:
+    from redis.typing import EncodableT
+
     from .task import DeadLetter
 
 logger: logging.Logger = logging.getLogger(__name__)
@@ -152,9 +155,8 @@ class Consumer(anyio.AsyncContextManagerMixin):
             setting_seconds("retry_backoff", retry_backoff),
             setting_seconds("retry_backoff_max", retry_backoff_max),
         )
-        self.name: str = name or (
-            f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
-        )
+        self._host = socket.gethostname()
+        self.name: str = name or f"{self._host}:{os.getpid()}:{secrets.token_hex(4)}"
         # A generated name is unique; an explicit one must be held.
         self._identity = (
             None if name is None else Identity(self._keys, name, self._lease_ttl)
@@ -266,6 +268,9 @@ class Consumer(anyio.AsyncContextManagerMixin):
         if self._identity is not None:
             with contextlib.suppress(RedisError, OSError):
                 await self._identity.release(client)
+        # A clean exit: out of the registry rather than listed as gone.
+        with contextlib.suppress(RedisError, OSError):
+            await leave_registry(client, self._keys, self.name)
 
     def _stop_claiming(self) -> None:
         self._stopping = True
@@ -522,40 +527,52 @@ class Consumer(anyio.AsyncContextManagerMixin):
     # -- leases ------------------------------------------------------------
 
     async def _heartbeat_loop(self, client: Redis) -> None:
-        interval = self._lease_ttl / 3
-        lease_ms = round(self._lease_ttl * 1000)
+        # The first beat registers the consumer (aiogroupq consumers) at once;
+        # later ones also renew the leases of its running tasks.
         while True:
-            await anyio.sleep(interval)
-            if self._identity is not None:
-                with contextlib.suppress(RedisError, OSError):
-                    await self._identity.renew(client)
-            snapshot = list(self._running.values())
-            if not snapshot:
+            await self._heartbeat(client)
+            await anyio.sleep(self._lease_ttl / 3)
+
+    def _registration(self, in_flight: int) -> list[tuple[str, EncodableT]]:
+        return [
+            ("host", self._host),
+            ("pid", os.getpid()),
+            ("c", self._concurrency),
+            ("n", in_flight),
+            *self._counts.items(),
+        ]
+
+    async def _heartbeat(self, client: Redis) -> None:
+        if self._identity is not None:
+            with contextlib.suppress(RedisError, OSError):
+                await self._identity.renew(client)
+        snapshot = list(self._running.values())
+        sent_at = anyio.current_time()
+        try:
+            alive = await _scripts.heartbeat(
+                client,
+                self._keys,
+                [(r.claimed.id, r.claimed.token) for r in snapshot],
+                lease_ms=round(self._lease_ttl * 1000),
+                consumer=self.name,
+                registration=self._registration(len(snapshot)),
+            )
+        except (RedisError, OSError) as exc:
+            # Each handler stops by itself at its local lease deadline.
+            logger.warning("heartbeat failed (%s)", exc)
+            return
+        deadline = sent_at + self._local_lease()
+        for running, code in zip(snapshot, alive, strict=True):
+            if self._running.get(running.claimed.id) is not running:
+                continue  # finished while the heartbeat was in flight
+            if code == _scripts.LOST:
+                running.lost = True
+                running.lease_scope.cancel()
                 continue
-            sent_at = anyio.current_time()
-            try:
-                alive = await _scripts.heartbeat(
-                    client,
-                    self._keys,
-                    [(r.claimed.id, r.claimed.token) for r in snapshot],
-                    lease_ms=lease_ms,
-                )
-            except (RedisError, OSError) as exc:
-                # Each handler stops by itself at its local lease deadline.
-                logger.warning("heartbeat failed (%s)", exc)
-                continue
-            deadline = sent_at + self._local_lease()
-            for running, code in zip(snapshot, alive, strict=True):
-                if self._running.get(running.claimed.id) is not running:
-                    continue  # finished while the heartbeat was in flight
-                if code == _scripts.LOST:
-                    running.lost = True
-                    running.lease_scope.cancel()
-                    continue
-                running.lease_scope.deadline = deadline
-                if code == _scripts.CANCEL_REQUESTED and not running.cancel_requested:
-                    running.cancel_requested = True
-                    running.lease_scope.cancel()
+            running.lease_scope.deadline = deadline
+            if code == _scripts.CANCEL_REQUESTED and not running.cancel_requested:
+                running.cancel_requested = True
+                running.lease_scope.cancel()
 
 
 def _drain(receive: MemoryObjectReceiveStream[Running]) -> list[Running]:

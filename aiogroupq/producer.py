@@ -5,7 +5,7 @@ from __future__ import annotations
 __all__ = ("Producer",)
 
 import time
-from collections.abc import AsyncGenerator, Iterable
+from collections.abc import AsyncGenerator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from typing import Any, Final, Self, TypeVar, overload
@@ -30,6 +30,7 @@ from ._connection import (
     unavailable_as_error,
 )
 from ._keys import QueueKeys
+from ._observe import id_list, statuses
 from .errors import (
     BatchTooLargeError,
     ConfigurationError,
@@ -312,6 +313,17 @@ class Producer(anyio.AsyncContextManagerMixin):
             self._open_client(), self._keys, _validate.task_id(task_id)
         )
         return None if state is None else _state(task_id, state)
+
+    @unavailable_as_error
+    async def status_many(self, task_ids: Sequence[str]) -> list[TaskState | None]:
+        """The state of each task, ``None`` for an unknown (or expired) id, in
+        one round trip (a pipeline per 10,000 ids).
+
+        :raises CorruptTaskError: if a stored state is not one of
+            :class:`TaskState`
+        """
+        ids = [_validate.task_id(t) for t in id_list(task_ids)]
+        return await statuses(self._open_client(), self._keys, ids)
 
     @unavailable_as_error
     async def cancel(self, task_id: str) -> bool:

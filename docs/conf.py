@@ -45,7 +45,10 @@ nitpick_ignore_regex = [
 # annotation as written; these names in it are not aiogroupq's to document.
 nitpick_ignore = [
     ("py:class", name)
-    for name in ("timedelta", "datetime", "RedisLike", "HandlerFunc", "dict[str")
+    for name in (
+        *("timedelta", "datetime", "RedisLike", "HandlerFunc", "dict[str"),
+        *("Slot", "GroupSort"),  # Literal aliases, spelled out in the docstrings
+    )
 ]
 
 

@@ -26,6 +26,13 @@ PUBLIC_NAMES = frozenset(
         "CorruptQueueError",
         "BatchTooLargeError",
         "Admin",
+        "ConsumerInfo",
+        "GroupInfo",
+        "GroupPage",
+        "GroupState",
+        "GroupTask",
+        "QueueStats",
+        "TaskDetails",
         "ConfigurationError",
         "Consumer",
         "ConsumerStats",
@@ -102,7 +109,20 @@ def test_py_typed_ships_inside_the_package() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["lib/base", "lib/groups", "enqueue", "claim", "finish", "control"]
+    "name",
+    [
+        "lib/base",
+        "lib/groups",
+        "lib/inspect",
+        "enqueue",
+        "claim",
+        "finish",
+        "control",
+        "stats",
+        "group_info",
+        "consumers",
+        "task_info",
+    ],
 )
 def test_lua_scripts_ship_inside_the_package(name: str) -> None:
     script = files("aiogroupq").joinpath("_lua", f"{name}.lua")
