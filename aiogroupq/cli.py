@@ -32,6 +32,10 @@ bad command line or target, 1 when a worker failed.
 
 ``aiogroupq demo`` runs a mixed workload with several worker processes on a
 throwaway server (or ``--redis-url``) and verifies it from a journal.
+
+The operator commands (``stats``, ``groups``, ``group``, ``task``,
+``consumers``, ``dead``, ``release``, ``pause``, ``resume``, ``cancel``) are
+in ``_cli_ops.py``.
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ from urllib.parse import urlsplit, urlunsplit
 import anyio
 from redis.exceptions import RedisError
 
-from . import __version__
+from . import __version__, _cli_ops
 from ._fsck import check_queue
 from ._handlers import build_routes
 from ._keys import validate_queue_name
@@ -95,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)-7s [%(process)d] %(name)s: %(message)s",
     )
+    if args.command in _cli_ops.COMMANDS:
+        return _cli_ops.run(args)
     try:
         if args.command == "worker":
             return _worker(args)
@@ -128,6 +134,11 @@ async def _check(redis_url: str, queue: str) -> int:
     return 1 if problems else 0
 
 
+def _plain(text: str) -> str:
+    """A docstring as help text: without its reST literal markup."""
+    return text.replace("``", "")
+
+
 def _positive_int(text: str) -> int:
     if (value := int(text)) < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
@@ -152,7 +163,7 @@ def _parser() -> argparse.ArgumentParser:
     worker = commands.add_parser(
         "worker",
         help="run consumers until SIGTERM/SIGINT",
-        description=__doc__.split("``aiogroupq demo``")[0],
+        description=_plain(__doc__.split("``aiogroupq demo``")[0]),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     worker.add_argument(
@@ -190,6 +201,7 @@ def _parser() -> argparse.ArgumentParser:
         "within its group, never two of a group at once.",
     )
     demo.add_argument("--redis-url", help="a server to use (default: a throwaway one)")
+    _cli_ops.add_commands(commands, DEFAULT_REDIS_URL)
     for command, flag, kind, default, text in (
         (worker, "--concurrency", _positive_int, 64, "handlers at once per process"),
         (worker, "--processes", _positive_int, 1, "worker processes"),
