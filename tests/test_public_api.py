@@ -122,6 +122,7 @@ def test_py_typed_ships_inside_the_package() -> None:
         "group_info",
         "consumers",
         "task_info",
+        "statuses",
     ],
 )
 def test_lua_scripts_ship_inside_the_package(name: str) -> None:

@@ -403,7 +403,7 @@ async def test_groups_lists_halted_and_paused_ones(
 
 @pytest.mark.parametrize(
     "options",
-    [{"sort": "largest"}, {"limit": 0}, {"limit": 1001}, {"cursor": -1}],
+    [{"sort": "largest"}, {"limit": 0}, {"limit": 201}, {"cursor": -1}],
 )
 async def test_groups_refuses_bad_arguments(both: Both, options: Any) -> None:
     with pytest.raises(aiogroupq.ConfigurationError):
@@ -511,7 +511,11 @@ async def test_status_many_reports_a_state_no_script_writes(
     producer, _ = both
     task_id = await producer.enqueue("t")
     await redis_client.hset(KEYS.task(task_id), "s", "weird")
-    with pytest.raises(aiogroupq.CorruptTaskError):
+    with pytest.raises(aiogroupq.CorruptTaskError, match="weird"):
+        await producer.status_many([task_id])
+    await redis_client.delete(KEYS.task(task_id))
+    await redis_client.set(KEYS.task(task_id), "not a hash")
+    with pytest.raises(aiogroupq.CorruptTaskError, match="not a task hash"):
         await producer.status_many([task_id])
 
 
@@ -597,3 +601,24 @@ async def test_every_view_runs_after_a_script_flush(
     await redis_client.script_flush()
     await register(redis_client, "c1")  # the registry's heartbeat too
     assert (await admin.stats()).consumers_alive == 1
+
+
+async def test_status_many_survives_script_flushes(
+    redis_client: redis.asyncio.Redis, both: Both, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    producer, _ = both
+    ids = await producer.enqueue_many([aiogroupq.Task("t")] * 1000)
+    ids += await producer.enqueue_many([aiogroupq.Task("t")] * 500)
+    await redis_client.script_flush()
+    assert await producer.status_many(ids) == [TaskState.QUEUED] * 1500
+    # The worst timing: every load is followed at once by another flush.
+    load = redis_client.script_load
+
+    async def load_then_flush(script: Any) -> Any:
+        sha = await load(script)
+        await redis_client.script_flush()
+        return sha
+
+    monkeypatch.setattr(redis_client, "script_load", load_then_flush)
+    await redis_client.script_flush()
+    assert await producer.status_many(ids) == [TaskState.QUEUED] * 1500
