@@ -270,11 +270,15 @@ async def _run(args: argparse.Namespace) -> int:
 async def _require_queue(admin: Admin, args: argparse.Namespace) -> None:
     """Say so when an empty answer comes from a queue that does not exist."""
     if not (await admin.stats()).exists:
-        raise _Failed(
-            f"queue {args.queue!r} does not exist on this server: nothing was "
-            "ever enqueued to it, configured or consumed (check --queue and "
-            "--redis-url)"
-        )
+        raise _missing(args)
+
+
+def _missing(args: argparse.Namespace) -> _Failed:
+    return _Failed(
+        f"queue {args.queue!r} does not exist on this server: nothing was "
+        "ever enqueued to it, configured or consumed (check --queue and "
+        "--redis-url)"
+    )
 
 
 # -- reading -------------------------------------------------------------------
@@ -287,13 +291,11 @@ async def _stats(
     previous: _views.QueueStats | None = None
     while True:
         stats = await admin.stats()
-        if not stats.exists:
-            if args.json:
-                print(show.to_json(stats, pretty=not args.watch))
-            await _require_queue(admin, args)
         if args.json:
             print(show.to_json(stats, pretty=not args.watch), flush=True)
-        else:
+        if not stats.exists:
+            raise _missing(args)
+        if not args.json:
             rates = None
             if previous is not None and stats.now > previous.now:
                 elapsed = stats.now - previous.now

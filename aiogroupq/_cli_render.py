@@ -336,12 +336,15 @@ class Progress:
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty()
         self._last = 0.0
+        self._shown = -1
 
     def update(self, done: int, *, final: bool = False) -> None:
         now = time.monotonic()
         if not final and now - self._last < (0.05 if self.tty else 0.5):
             return
-        self._last = now
+        if done == self._shown and not (final and self.tty):
+            return
+        self._last, self._shown = now, done
         total = max(self.total, done)
         if self.tty:
             filled = 30 * done // total if total else 30

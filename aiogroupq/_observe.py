@@ -47,8 +47,8 @@ VIEW_SCRIPTS: Final = (STATS, GROUP_INFO, CONSUMERS, TASK_INFO, STATUSES)
 
 #: live consumers listed in :attr:`QueueStats.consumers`
 STATS_CONSUMERS: Final = 100
-#: task ids per ``statuses.lua`` call (about a millisecond of server time)
-STATUS_CHUNK: Final = 1_000
+#: task ids per ``statuses.lua`` call (a millisecond or two of server time)
+STATUS_CHUNK: Final = 500
 
 
 # -- reading replies -----------------------------------------------------------

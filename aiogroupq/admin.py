@@ -46,7 +46,7 @@ MAX_CONCURRENCY: Final = 10_000
 #: groups refilled per script call after the queue's defaults change
 _REFILL_BATCH: Final = 500
 #: most groups one :meth:`Admin.groups` page holds
-MAX_PAGE: Final = 200
+MAX_PAGE: Final = 100
 _SORTS: Final = ("busiest", "oldest", "halted", "paused")
 
 Fairness = Literal["round_robin", "drain"]
@@ -368,7 +368,7 @@ class Admin(anyio.AsyncContextManagerMixin):
         :param sort: ``"busiest"``: the longest lines first; ``"oldest"``: the
             lines that have waited longest first; ``"halted"`` or
             ``"paused"``: the halted or paused groups (in no order)
-        :param limit: groups per page, 1 to 200 (a page of halted or paused
+        :param limit: groups per page, 1 to 100 (a page of halted or paused
             groups may hold a few more or fewer)
         :param cursor: 0 for the first page, then the page's ``next_cursor``
         :raises ConfigurationError: for a bad *sort*, *limit* or *cursor*
@@ -409,7 +409,7 @@ class Admin(anyio.AsyncContextManagerMixin):
     @unavailable_as_error
     async def status_many(self, task_ids: Sequence[str]) -> list[TaskState | None]:
         """The state of each task, ``None`` for an unknown id, in one round
-        trip (a pipeline of script calls of 1,000 ids each).
+        trip (a pipeline of script calls of 500 ids each).
 
         :raises CorruptTaskError: if a stored state is not a TaskState
         """

@@ -197,6 +197,9 @@ class Consumer(anyio.AsyncContextManagerMixin):
             await check_server(client)
             if self._identity is not None:
                 await self._identity.acquire(client)
+            # Registered (aiogroupq consumers) before it claims anything; each
+            # heartbeat renews the entry with the leases.
+            await self._heartbeat(client)
             finisher = self._finisher = Finisher(
                 client,
                 self._keys,
@@ -527,11 +530,9 @@ class Consumer(anyio.AsyncContextManagerMixin):
     # -- leases ------------------------------------------------------------
 
     async def _heartbeat_loop(self, client: Redis) -> None:
-        # The first beat registers the consumer (aiogroupq consumers) at once;
-        # later ones also renew the leases of its running tasks.
         while True:
-            await self._heartbeat(client)
             await anyio.sleep(self._lease_ttl / 3)
+            await self._heartbeat(client)
 
     def _registration(self, in_flight: int) -> list[tuple[str, EncodableT]]:
         return [

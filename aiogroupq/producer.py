@@ -317,7 +317,7 @@ class Producer(anyio.AsyncContextManagerMixin):
     @unavailable_as_error
     async def status_many(self, task_ids: Sequence[str]) -> list[TaskState | None]:
         """The state of each task, ``None`` for an unknown (or expired) id, in
-        one round trip (a pipeline of script calls of 1,000 ids each, so that
+        one round trip (a pipeline of script calls of 500 ids each, so that
         none holds the server long).
 
         :raises CorruptTaskError: if a stored state is not one of

@@ -313,7 +313,7 @@ async def test_dead_requeue_and_purge_all_show_progress(
     run = await cli("dead", "requeue", "--all", url=redis_url)
     assert run.code == 0
     assert "requeued 1,200 dead letters" in run.out
-    assert "requeued: 1,200/1,200" in run.err  # the progress, on stderr
+    assert run.err.count("requeued: 1,200/1,200") == 1  # the progress, on stderr
     stats = await admin.stats()
     assert (stats.dead, stats.ready) == (0, 1200)
     for _ in range(3):  # dead again

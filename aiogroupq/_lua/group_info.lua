@@ -26,7 +26,7 @@ if op == 'groups' then
   for i = 3, #ARGV do names[#names + 1] = ARGV[i] end
 else
   local start, count = tonumber(ARGV[3]), tonumber(ARGV[4])
-  if not start or not count or count < 1 or count > 200 then
+  if not start or not count or count < 1 or count > 100 then
     return redis.error_reply('ERR aiogroupq group_info: malformed arguments')
   end
   if op == 'busiest' or op == 'oldest' then

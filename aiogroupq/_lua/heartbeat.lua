@@ -19,7 +19,8 @@
   Registry: the hash gets the fields, hb = now and st (first seen) once, and
   lives three leases, so a consumer that stops without leaving stays listed
   as gone for two leases after its last heartbeat; entries whose hash has
-  expired are pruned (a few per call).
+  expired are pruned (a few per call). A damaged registry key skips the
+  registration, never the leases.
 ]]
 --- @include "base"
 
@@ -28,12 +29,11 @@ if not lease_ms or not n or n < 0 or #ARGV < 3 + 2 * n
     or (#KEYS >= 8 and (#ARGV - 3 - 2 * n) % 2 ~= 1) then
   return redis.error_reply('ERR aiogroupq heartbeat: malformed arguments')
 end
-local checks = { K_LEASES, 'zset' }
-if #KEYS >= 8 then
-  checks[3], checks[4], checks[5], checks[6] = KEYS[7], 'zset', KEYS[8], 'hash'
-end
-local bad = preflight(checks)
+local bad = preflight({ K_LEASES, 'zset' })
 if bad then return bad end
+-- A damaged registry key costs the consumer its entry, never its leases:
+-- the registration is skipped (aiogroupq check reports the key).
+local register = #KEYS >= 8 and not preflight({ KEYS[7], 'zset', KEYS[8], 'hash' })
 local now = now_ms()
 local deadline = now + lease_ms
 local codes = {}
@@ -49,14 +49,17 @@ for b = 4, 3 + 2 * n, 2 do
 end
 
 local PRUNE = 16 -- gone entries looked at per call
-if #KEYS >= 8 then
+if register then
   local registry, info, r = KEYS[7], KEYS[8], 4 + 2 * n
   local fields = { 'hb', now, 'ttl', lease_ms }
+  if redis.call('HEXISTS', info, 'st') == 0 then
+    fields[#fields + 1] = 'st'
+    fields[#fields + 1] = now
+  end
   for i = r + 1, #ARGV, 2 do
     fields[#fields + 1] = ARGV[i]
     fields[#fields + 1] = ARGV[i + 1]
   end
-  redis.call('HSETNX', info, 'st', now)
   redis.call('HSET', info, unpack(fields))
   redis.call('PEXPIRE', info, 3 * lease_ms)
   redis.call('ZADD', registry, deadline, ARGV[r])
