@@ -55,7 +55,7 @@ def rule_for(queue: str, password: str, extra: tuple[str, ...] = ()) -> list[str
 def test_rule_allows_every_command_the_scripts_call() -> None:
     allowed = {word[1:].lower() for word in documented_rule() if word.startswith("+")}
     lua = "\n".join(
-        path.read_text() for path in (ROOT / "aiogroupq" / "_lua").glob("*.lua")
+        path.read_text() for path in (ROOT / "aiogroupq" / "_lua").rglob("*.lua")
     )
     called = {name.lower() for name in re.findall(r"redis\.p?call\(\s*'(\w+)'", lua)}
     assert called, "no redis.call found: has the scripts' style changed?"
