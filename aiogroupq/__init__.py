@@ -17,6 +17,15 @@ from ._observer import (
 )
 from ._repair import Repair as Repair, repair_queue as repair_queue
 from ._schedule import Schedule as Schedule
+from ._views import (
+    ConsumerInfo as ConsumerInfo,
+    GroupInfo as GroupInfo,
+    GroupPage as GroupPage,
+    GroupState as GroupState,
+    GroupTask as GroupTask,
+    QueueStats as QueueStats,
+    TaskDetails as TaskDetails,
+)
 from .admin import (
     Admin as Admin,
     GroupSettings as GroupSettings,
@@ -68,6 +77,7 @@ __all__ = (
     "BatchTooLargeError",
     "ConfigurationError",
     "Consumer",
+    "ConsumerInfo",
     "ConsumerRunningError",
     "ConsumerStats",
     "CorruptQueueError",
@@ -75,7 +85,11 @@ __all__ = (
     "DeadLetter",
     "EventKind",
     "GroupFullError",
+    "GroupInfo",
+    "GroupPage",
     "GroupSettings",
+    "GroupState",
+    "GroupTask",
     "Handler",
     "InvalidGroupError",
     "InvalidResultError",
@@ -89,6 +103,7 @@ __all__ = (
     "Producer",
     "QueueFullError",
     "QueueSettings",
+    "QueueStats",
     "Rate",
     "RedisUnavailableError",
     "Repair",
@@ -96,6 +111,7 @@ __all__ = (
     "Schedule",
     "Task",
     "TaskCancelledError",
+    "TaskDetails",
     "TaskEvent",
     "TaskExpiredError",
     "TaskFailedError",

@@ -34,6 +34,7 @@ class QueueKeys:
     __slots__ = (
         "backlog",
         "conf",
+        "consumers",
         "dead",
         "delayed",
         "fence",
@@ -67,6 +68,7 @@ class QueueKeys:
         self.waiting = p + "waiting"  # ZSET group -> since when it has a line
         self.halted = p + "halted"  # SET groups halted behind a dead task
         self.paused = p + "paused"  # SET paused groups
+        self.consumers = p + "consumers"  # ZSET consumer -> when it counts as gone
 
     def task(self, task_id: str) -> str:
         """HASH holding one task's envelope and bookkeeping."""
@@ -99,6 +101,10 @@ class QueueKeys:
     def consumer(self, name: str) -> str:
         """STRING: the live process holding a consumer name."""
         return f"{self.prefix}consumer:{name}"
+
+    def consumer_info(self, name: str) -> str:
+        """HASH: a consumer's registration (host, pid, last heartbeat, ...)."""
+        return f"{self.prefix}cinfo:{name}"
 
     def last_claim(self, consumer: str) -> str:
         """STRING: the nonce and task ids of a consumer's latest claim."""

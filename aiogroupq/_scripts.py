@@ -470,14 +470,27 @@ CANCEL_REQUESTED: Final = 2
 
 
 async def heartbeat(
-    client: Redis, keys: QueueKeys, leases: Sequence[tuple[str, int]], *, lease_ms: int
+    client: Redis,
+    keys: QueueKeys,
+    leases: Sequence[tuple[str, int]],
+    *,
+    lease_ms: int,
+    consumer: str | None = None,
+    registration: Sequence[tuple[str, EncodableT]] = (),
 ) -> list[int]:
     """Extend *leases* (task id, token); return ALIVE, LOST or CANCEL_REQUESTED
-    for each."""
-    args: list[EncodableT] = [lease_ms]
+    for each. With *consumer*, also record it in the consumer registry with
+    the *registration* fields (host, pid, in-flight count, ...)."""
+    args: list[EncodableT] = [lease_ms, len(leases)]
     for task_id, token in leases:
         args += (task_id, token)
-    return [int(code) for code in await HEARTBEAT(client, keys, (), args)]
+    extra: tuple[str, ...] = ()
+    if consumer is not None:
+        extra = (keys.consumers, keys.consumer_info(consumer))
+        args.append(consumer)
+        for name, value in registration:
+            args += (name, value)
+    return [int(code) for code in await HEARTBEAT(client, keys, extra, args)]
 
 
 NOT_FOUND: Final = 0

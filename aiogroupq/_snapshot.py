@@ -57,6 +57,7 @@ FIXED: Final = {
     "waiting": "zset",
     "halted": "set",
     "paused": "set",
+    "consumers": "zset",
 }
 # Per-task / per-group / per-consumer keys by the word before the first ":"
 # (every method of QueueKeys), with their type.
@@ -69,6 +70,7 @@ FAMILIES: Final = {
     "rate": "list",
     "inflight": "set",
     "consumer": "string",
+    "cinfo": "hash",
     "lastclaim": "string",
     "dedup": "string",
     "done": "list",

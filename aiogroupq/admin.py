@@ -1,28 +1,53 @@
-"""Operating a queue: group and queue settings, pause and resume."""
+"""Operating a queue: group and queue settings, pause and resume, and what
+the queue is doing (counts, groups, tasks, consumers)."""
 
 from __future__ import annotations
 
-__all__ = ("Admin", "GroupSettings", "QueueSettings", "Rate")
+__all__ = (
+    "Admin",
+    "ConsumerInfo",
+    "GroupInfo",
+    "GroupPage",
+    "GroupSettings",
+    "QueueSettings",
+    "QueueStats",
+    "Rate",
+    "TaskDetails",
+)
 
 import math
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Final, Literal, Self
+from typing import TYPE_CHECKING, Any, Final, Literal, Self
 
 import anyio
 from redis.asyncio import Redis
 
-from . import _scripts, _validate
+from . import _observe, _scripts, _validate
 from ._connection import RedisLike, open_client, unavailable_as_error
 from ._keys import QueueKeys
-from .errors import ConfigurationError, InvalidGroupError
+from ._views import (
+    ConsumerInfo,
+    GroupInfo,
+    GroupPage,
+    GroupSort,
+    QueueStats,
+    TaskDetails,
+)
+from .errors import ConfigurationError, InvalidGroupError, TaskNotFoundError
+
+if TYPE_CHECKING:
+    from .task import TaskState
 
 #: most slots a group may have
 MAX_CONCURRENCY: Final = 10_000
 #: groups refilled per script call after the queue's defaults change
 _REFILL_BATCH: Final = 500
+#: most groups one :meth:`Admin.groups` page holds
+MAX_PAGE: Final = 100
+_SORTS: Final = ("busiest", "oldest", "halted", "paused")
 
 Fairness = Literal["round_robin", "drain"]
 
@@ -97,11 +122,14 @@ class QueueSettings:
 
 
 class Admin(anyio.AsyncContextManagerMixin):
-    """Settings, pause and resume of one queue and its groups; use it as
-    ``async with Admin(...) as admin``.
+    """Settings, pause and resume of one queue and its groups, and views of
+    what it is doing; use it as ``async with Admin(...) as admin``.
 
     Settings live in Redis, so every producer and consumer of the queue
-    follows them at once.
+    follows them at once. The views (:meth:`stats`, :meth:`group_info`,
+    :meth:`groups`, :meth:`task`, :meth:`position`, :meth:`consumers`) are
+    each one read-only round trip that reads counters and indexes, never a
+    scan of the queue.
 
     :param redis: a ``redis://`` URL, or a ``redis.asyncio.Redis`` client to
         borrow (never closed by us; must have ``decode_responses=False``)
@@ -305,6 +333,98 @@ class Admin(anyio.AsyncContextManagerMixin):
     async def resume(self) -> None:
         """Let a paused queue start tasks again."""
         await _scripts.control(self._open_client(), self._keys, "qresume")
+
+    # -- views ----------------------------------------------------------------
+
+    @unavailable_as_error
+    async def stats(self) -> QueueStats:
+        """The queue's counts: tasks ready, parked, held back, delayed,
+        running and dead; groups with live tasks, waiting, halted, paused and
+        rate-limited; live consumers; the age of the oldest waiting work; and
+        the totals since the queue began. One round trip, O(log n): cheap
+        enough to call every second on any queue.
+
+        :raises CorruptQueueError: if a key it reads holds the wrong type
+        """
+        return await _observe.queue_stats(self._open_client(), self._keys)
+
+    @unavailable_as_error
+    async def group_info(self, group: str) -> GroupInfo:
+        """A group as seen now, with its state and the reason for it: why it
+        is, or is not, running (one round trip).
+
+        :raises InvalidGroupError: for a bad group name
+        """
+        name = _group_name(group)
+        infos = await _observe.group_infos(self._open_client(), self._keys, [name])
+        return infos[0]
+
+    @unavailable_as_error
+    async def groups(
+        self, *, sort: GroupSort = "busiest", limit: int = 20, cursor: int = 0
+    ) -> GroupPage:
+        """One page of groups, each as :meth:`group_info` describes it.
+
+        :param sort: ``"busiest"``: the longest lines first; ``"oldest"``: the
+            lines that have waited longest first; ``"halted"`` or
+            ``"paused"``: the halted or paused groups (in no order)
+        :param limit: groups per page, 1 to 100 (a page of halted or paused
+            groups may hold a few more or fewer)
+        :param cursor: 0 for the first page, then the page's ``next_cursor``
+        :raises ConfigurationError: for a bad *sort*, *limit* or *cursor*
+        """
+        if sort not in _SORTS:
+            raise ConfigurationError(f"sort must be one of {_SORTS}, got {sort!r}")
+        _check_int("limit", limit, 1, MAX_PAGE)
+        _check_int("cursor", cursor, 0, 2**63 - 1)
+        return await _observe.group_page(
+            self._open_client(), self._keys, sort, cursor, limit
+        )
+
+    @unavailable_as_error
+    async def task(self, task_id: str) -> TaskDetails:
+        """One task as seen now: state, attempts, consumer and lease, due
+        time, error, place in its group, payload.
+
+        :raises TaskNotFoundError: for an unknown (or expired) id
+        :raises CorruptTaskError: if its stored state is not a TaskState
+        """
+        details = await _observe.task_details(
+            self._open_client(), self._keys, _validate.task_id(task_id)
+        )
+        if details is None:
+            raise TaskNotFoundError(task_id)
+        return details
+
+    @unavailable_as_error
+    async def position(self, task_id: str) -> int | None:
+        """How many tasks of its group start before it: 0 when it runs or is
+        its group's next; ``None`` when it does not wait in a group's order
+        (ungrouped, still in its first delay, or ended).
+
+        :raises TaskNotFoundError: for an unknown (or expired) id
+        """
+        return (await self.task(task_id)).position
+
+    @unavailable_as_error
+    async def status_many(self, task_ids: Sequence[str]) -> list[TaskState | None]:
+        """The state of each task, ``None`` for an unknown id, in one round
+        trip (a pipeline of script calls of 500 ids each).
+
+        :raises CorruptTaskError: if a stored state is not a TaskState
+        """
+        ids = [_validate.task_id(t) for t in _observe.id_list(task_ids)]
+        return await _observe.statuses(self._open_client(), self._keys, ids)
+
+    @unavailable_as_error
+    async def consumers(self, *, limit: int = 1000) -> list[ConsumerInfo]:
+        """The registered consumers, live ones first (latest heartbeat first),
+        then those gone silent in the last few leases.
+
+        :param limit: the most to list
+        """
+        _check_int("limit", limit, 1, 100_000)
+        return await _observe.consumer_list(self._open_client(), self._keys, limit)
 
 
 def _group_name(group: object) -> str:

@@ -45,6 +45,10 @@ bad command line, target or configuration, 1 when a worker failed.
 
 ``aiogroupq demo`` runs a mixed workload with several worker processes on a
 throwaway server (or ``--redis-url``) and verifies it from a journal.
+
+The operator commands (``stats``, ``groups``, ``group``, ``task``,
+``consumers``, ``dead``, ``release``, ``pause``, ``resume``, ``cancel``) are
+in ``_cli_ops.py``.
 """
 
 from __future__ import annotations
@@ -73,7 +77,7 @@ from typing import TYPE_CHECKING, Any, Final
 import anyio
 from redis.exceptions import RedisError
 
-from . import __version__
+from . import __version__, _cli_ops
 from ._connection import safe_url
 from ._fsck import DEFAULT_MAX_PAYLOAD, examine_queue
 from ._handlers import build_routes
@@ -121,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         verbose=getattr(args, "verbose", False),
         log_format=getattr(args, "log_format", "text"),
     )
+    if args.command in _cli_ops.COMMANDS:
+        return _cli_ops.run(args)
     try:
         if args.command == "worker":
             return _worker(args)
@@ -170,6 +176,11 @@ async def _check(redis_url: str, queue: str, repair: bool, max_payload: int) -> 
     return 1 if problems else 0
 
 
+def _plain(text: str) -> str:
+    """A docstring as help text: without its reST literal markup."""
+    return text.replace("``", "")
+
+
 def _positive_int(text: str) -> int:
     if (value := int(text)) < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
@@ -200,7 +211,7 @@ def _parser() -> argparse.ArgumentParser:
     worker = commands.add_parser(
         "worker",
         help="run consumers until SIGTERM/SIGINT",
-        description=__doc__.split("``aiogroupq demo``")[0],
+        description=_plain(__doc__.split("``aiogroupq demo``")[0]),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     worker.add_argument(
@@ -252,6 +263,7 @@ def _parser() -> argparse.ArgumentParser:
         "within its group, never two of a group at once.",
     )
     demo.add_argument("--redis-url", help="a server to use (default: a throwaway one)")
+    _cli_ops.add_commands(commands, DEFAULT_REDIS_URL)
     for command, flag, kind, default, text in (
         (worker, "--concurrency", _positive_int, 64, "handlers at once per process"),
         (worker, "--processes", _positive_int, 1, "worker processes"),

@@ -43,6 +43,7 @@ from ._handlers import Handler, HandlerFunc, build_routes
 from ._identity import Identity
 from ._keys import QueueKeys
 from ._observer import EventKind, Observer, Observers, check_observers
+from ._registry import leave_registry
 from ._runner import RetryPolicy, Running, run_task
 from ._schedule import Schedule, Scheduler
 from ._telemetry import Telemetry
@@ -56,6 +57,8 @@ from .errors import (
 from .producer import DEFAULT_MAX_PAYLOAD_BYTES
 
 if TYPE_CHECKING:
+    from redis.typing import EncodableT
+
     from .task import DeadLetter
 
 logger: logging.Logger = logging.getLogger(__name__)
@@ -204,9 +207,9 @@ class Consumer:
             setting_seconds("retry_backoff", retry_backoff),
             setting_seconds("retry_backoff_max", retry_backoff_max),
         )
+        self._host = socket.gethostname()
         self.name: str = name or (
-            f"{socket.gethostname()}:{os.getpid()}:"
-            f"{secrets.token_hex(_NAME_RANDOM_BYTES)}"
+            f"{self._host}:{os.getpid()}:{secrets.token_hex(_NAME_RANDOM_BYTES)}"
         )
         # Every name is held while its consumer runs, a generated one too:
         # else a consumer named (by mistake or malice) like a live one would
@@ -336,6 +339,9 @@ class Consumer:
             await check_server(client, eviction=not self._allow_eviction)
             with translated_errors():
                 await self._identity.acquire(client)
+            # Registered (aiogroupq consumers) before it claims anything; each
+            # heartbeat renews the entry with the leases.
+            await self._heartbeat(client)
             finisher = self._finisher = Finisher(
                 client,
                 self._keys,
@@ -409,6 +415,9 @@ class Consumer:
                 logger.info("gave back %d tasks claimed while stopping", given_back)
         with contextlib.suppress(RedisError, OSError):
             await self._identity.release(client)
+        # A clean exit: out of the registry rather than listed as gone.
+        with contextlib.suppress(RedisError, OSError):
+            await leave_registry(client, self._keys, self.name)
 
     def _stop_claiming(self) -> None:
         self._stopping = True
@@ -664,39 +673,49 @@ class Consumer:
     # -- leases ------------------------------------------------------------
 
     async def _heartbeat_loop(self, client: Redis) -> None:
-        interval = self._lease_ttl / 3
-        lease_ms = round(self._lease_ttl * 1000)
         while True:
-            await anyio.sleep(interval)
-            with contextlib.suppress(RedisError, OSError):
-                await self._identity.renew(client)
-            snapshot = list(self._running.values())
-            if not snapshot:
+            await anyio.sleep(self._lease_ttl / 3)
+            await self._heartbeat(client)
+
+    def _registration(self, in_flight: int) -> list[tuple[str, EncodableT]]:
+        return [
+            ("host", self._host),
+            ("pid", os.getpid()),
+            ("c", self._concurrency),
+            ("n", in_flight),
+            *self._counts.items(),
+        ]
+
+    async def _heartbeat(self, client: Redis) -> None:
+        with contextlib.suppress(RedisError, OSError):
+            await self._identity.renew(client)
+        snapshot = list(self._running.values())
+        sent_at = anyio.current_time()
+        try:
+            alive = await _scripts.heartbeat(
+                client,
+                self._keys,
+                [(r.claimed.id, r.claimed.token) for r in snapshot],
+                lease_ms=round(self._lease_ttl * 1000),
+                consumer=self.name,
+                registration=self._registration(len(snapshot)),
+            )
+        except (RedisError, OSError) as exc:
+            # Each handler stops by itself at its local lease deadline.
+            logger.warning("heartbeat failed (%s)", exc)
+            return
+        deadline = sent_at + self._local_lease()
+        for running, code in zip(snapshot, alive, strict=True):
+            if self._running.get(running.claimed.id) is not running:
+                continue  # finished while the heartbeat was in flight
+            if code == _scripts.LOST:
+                running.lost = True
+                running.lease_scope.cancel()
                 continue
-            sent_at = anyio.current_time()
-            try:
-                alive = await _scripts.heartbeat(
-                    client,
-                    self._keys,
-                    [(r.claimed.id, r.claimed.token) for r in snapshot],
-                    lease_ms=lease_ms,
-                )
-            except (RedisError, OSError) as exc:
-                # Each handler stops by itself at its local lease deadline.
-                logger.warning("heartbeat failed (%s)", exc)
-                continue
-            deadline = sent_at + self._local_lease()
-            for running, code in zip(snapshot, alive, strict=True):
-                if self._running.get(running.claimed.id) is not running:
-                    continue  # finished while the heartbeat was in flight
-                if code == _scripts.LOST:
-                    running.lost = True
-                    running.lease_scope.cancel()
-                    continue
-                running.lease_scope.deadline = deadline
-                if code == _scripts.CANCEL_REQUESTED and not running.cancel_requested:
-                    running.cancel_requested = True
-                    running.lease_scope.cancel()
+            running.lease_scope.deadline = deadline
+            if code == _scripts.CANCEL_REQUESTED and not running.cancel_requested:
+                running.cancel_requested = True
+                running.lease_scope.cancel()
 
 
 _COUNTED: Final = {

@@ -32,6 +32,7 @@ from ._connection import (
     unavailable_as_error,
 )
 from ._keys import QueueKeys
+from ._observe import id_list, statuses
 from ._observer import EventKind, Observer, Observers, check_observers
 from .errors import (
     BatchTooLargeError,
@@ -369,6 +370,18 @@ class Producer(anyio.AsyncContextManagerMixin):
             self._open_client(), self._keys, _validate.task_id(task_id)
         )
         return None if state is None else _state(task_id, state)
+
+    @unavailable_as_error
+    async def status_many(self, task_ids: Sequence[str]) -> list[TaskState | None]:
+        """The state of each task, ``None`` for an unknown (or expired) id, in
+        one round trip (a pipeline of script calls of 500 ids each, so that
+        none holds the server long).
+
+        :raises CorruptTaskError: if a stored state is not one of
+            :class:`TaskState`
+        """
+        ids = [_validate.task_id(t) for t in id_list(task_ids)]
+        return await statuses(self._open_client(), self._keys, ids)
 
     @unavailable_as_error
     async def cancel(self, task_id: str) -> bool:

@@ -50,6 +50,7 @@ nitpick_ignore = [
     for name in (
         *("timedelta", "datetime", "RedisLike", "HandlerFunc", "dict[str"),
         *("AbstractContextManager", "WSGIServer"),
+        *("Slot", "GroupSort"),  # Literal aliases, spelled out in the docstrings
     )
 ]
 

@@ -44,6 +44,8 @@ PYTHON_COMMANDS = {
     "time": "time",  # a schedule's next tick, on the server's clock
     "get": "get",  # a schedule's last tick
     "set": "set",  # a new schedule's start (SET NX)
+    "zrem": "zrem",  # a consumer leaving the registry
+    "delete": "del",  # a consumer leaving the registry
     "blpop": "blpop",  # consumers wait on the wake list; result() on done:<id>
     "rpush": "rpush",
     "hget": "hget",  # status()
@@ -62,9 +64,17 @@ OPERATOR_MODULES = {
     "_embedded.py",
     "_repair.py",
     "_snapshot.py",
+    "_cli_ops.py",
 }
 # Scripts only operators run (aiogroupq check --repair).
-OPERATOR_SCRIPTS = {"repair.lua"}
+OPERATOR_SCRIPTS = {
+    "repair.lua",
+    "stats.lua",
+    "group_info.lua",
+    "consumers.lua",
+    "task_info.lua",
+    "inspect.lua",
+}
 
 
 def lua_commands() -> set[str]:

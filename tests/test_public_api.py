@@ -27,6 +27,13 @@ PUBLIC_NAMES = frozenset(
         "BatchTooLargeError",
         "Admin",
         "AuthenticationError",
+        "ConsumerInfo",
+        "GroupInfo",
+        "GroupPage",
+        "GroupState",
+        "GroupTask",
+        "QueueStats",
+        "TaskDetails",
         "ConfigurationError",
         "Consumer",
         "ConsumerRunningError",
@@ -114,7 +121,21 @@ def test_py_typed_ships_inside_the_package() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["lib/base", "lib/groups", "enqueue", "claim", "finish", "control"]
+    "name",
+    [
+        "lib/base",
+        "lib/groups",
+        "lib/inspect",
+        "enqueue",
+        "claim",
+        "finish",
+        "control",
+        "stats",
+        "group_info",
+        "consumers",
+        "task_info",
+        "statuses",
+    ],
 )
 def test_lua_scripts_ship_inside_the_package(name: str) -> None:
     script = files("aiogroupq").joinpath("_lua", f"{name}.lua")

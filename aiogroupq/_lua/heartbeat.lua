@@ -1,27 +1,44 @@
 #!lua flags=allow-oom
---[[ heartbeat.lua: extend the leases of a consumer's running tasks.
+--[[ heartbeat.lua: extend the leases of a consumer's running tasks, and
+  keep its entry in the consumer registry.
   KEYS[1..6]  the common keys (see lib/base.lua)
+  KEYS[7]     {aiogroupq:<q>}:consumers     ZSET consumer name -> when it
+              counts as gone: last heartbeat + its lease (server ms)
+  KEYS[8]     {aiogroupq:<q>}:cinfo:<name>  HASH the consumer's registration
+              (KEYS[7] and KEYS[8] only with a registration, below)
   ARGV[1]     key prefix
   ARGV[2]     lease duration in ms, counted from now (server clock)
-  ARGV[3..]   pairs: task id, fencing token
+  ARGV[3]     n, the number of (task id, fencing token) pairs that follow
+  ARGV[4..3+2n]  the pairs
+  ARGV[4+2n..]   with KEYS[7..8]: the consumer's name, then field, value
+              pairs of its registration (host, pid, in-flight count, ...)
   returns  one code per pair: 1 extended, 0 lost (the token no longer owns a
            running task: the lease expired, whether or not a claim has
            recovered the task yet, or the task was taken, or its hash is
            damaged), 2 extended but cancellation was requested
            (Producer.cancel)
+  Registry: the hash gets the fields, hb = now and st (first seen) once, and
+  lives three leases, so a consumer that stops without leaving stays listed
+  as gone for two leases after its last heartbeat; entries whose hash has
+  expired are pruned (a few per call). A damaged registry key skips the
+  registration, never the leases.
 ]]
 --- @include "base"
 
-local lease_ms = tonumber(ARGV[2])
-if not lease_ms or #ARGV % 2 ~= 0 then
+local lease_ms, n = tonumber(ARGV[2]), tonumber(ARGV[3])
+if not lease_ms or not n or n < 0 or #ARGV < 3 + 2 * n
+    or (#KEYS >= 8 and (#ARGV - 3 - 2 * n) % 2 ~= 1) then
   return redis.error_reply('ERR aiogroupq heartbeat: malformed arguments')
 end
 local bad = preflight({ K_LEASES, 'zset' })
 if bad then return bad end
+-- A damaged registry key costs the consumer its entry, never its leases:
+-- the registration is skipped (aiogroupq check reports the key).
+local register = #KEYS >= 8 and not preflight({ KEYS[7], 'zset', KEYS[8], 'hash' })
 local now = now_ms()
 local deadline = now + lease_ms
 local codes = {}
-for b = 3, #ARGV, 2 do
+for b = 4, 3 + 2 * n, 2 do
   local id = ARGV[b]
   local f = redis.pcall('HMGET', k_task(id), 'k', 's', 'cx')
   -- An expired lease is lost even before a claim recovers its task: its
@@ -32,6 +49,28 @@ for b = 3, #ARGV, 2 do
     codes[#codes + 1] = f[3] and 2 or 1
   else
     codes[#codes + 1] = 0
+  end
+end
+
+local PRUNE = 16 -- gone entries looked at per call
+if register then
+  local registry, info, r = KEYS[7], KEYS[8], 4 + 2 * n
+  local fields = { 'hb', now, 'ttl', lease_ms }
+  if redis.call('HEXISTS', info, 'st') == 0 then
+    fields[#fields + 1] = 'st'
+    fields[#fields + 1] = now
+  end
+  for i = r + 1, #ARGV, 2 do
+    fields[#fields + 1] = ARGV[i]
+    fields[#fields + 1] = ARGV[i + 1]
+  end
+  redis.call('HSET', info, unpack(fields))
+  redis.call('PEXPIRE', info, 3 * lease_ms)
+  redis.call('ZADD', registry, deadline, ARGV[r])
+  for _, name in ipairs(redis.call('ZRANGEBYSCORE', registry, '-inf', '(' .. now, 'LIMIT', 0, PRUNE)) do
+    if redis.call('EXISTS', PREFIX .. 'cinfo:' .. name) == 0 then
+      redis.call('ZREM', registry, name)
+    end
   end
 end
 return codes

@@ -1,0 +1,108 @@
+--[[ inspect.lua: read-only views of a queue for the introspection scripts
+  (stats, group_info, groups, consumers, task_info). Nothing here writes,
+  so those scripts carry the no-writes flag and may run on a replica.
+  KEYS[7]    {aiogroupq:<q>}:consumers   ZSET consumer name -> when it counts
+             as gone (its last heartbeat + its lease, server ms)
+  cinfo:<c>  HASH a consumer's registration (written by heartbeat.lua): host,
+             pid, hb last heartbeat, ttl lease ms, st first seen, n tasks in
+             flight, c concurrency, and its counters
+  Times are returned as server ms, counts as integers, and a missing value
+  as false (a nil reply), so that arrays keep their length.
+]]
+--- @include "base"
+--- @include "ready"
+--- @include "groups"
+
+local K_CONSUMERS = KEYS[7]
+local HOLDER_DETAIL = 100 -- slot holders described per group (all are counted)
+local REASON_CHARS = 300  -- of a halting task's reason
+
+local function k_cinfo(c) return PREFIX .. 'cinfo:' .. c end
+
+-- The fixed keys the views read, checked once: a damaged one is reported
+-- as CorruptQueueError rather than failing half-way.
+local function check_views()
+  return preflight({ K_CONF, 'hash', K_STATS, 'hash', K_READY, 'list', K_PREADY, 'zset',
+    K_DELAYED, 'zset', K_LEASES, 'zset', K_DEAD, 'zset', K_BACKLOG, 'zset',
+    K_WAITING, 'zset', K_HALTED, 'set', K_PAUSED, 'set', K_CONSUMERS, 'zset' })
+end
+
+local function score(key, member)
+  local s = redis.pcall('ZSCORE', key, member)
+  if type(s) ~= 'string' then return false end
+  return tonumber(s) or false
+end
+
+-- A task's field, false if absent or its hash is damaged.
+local function task_field(id, field)
+  local v = redis.pcall('HGET', k_task(id), field)
+  if type(v) ~= 'string' then return false end
+  return v
+end
+
+-- Consumers whose gone-at score lies in [lo, hi], newest first, at most
+-- *limit*: {name, gone_at, host, pid, hb, ttl, st, n, c, counters...} each.
+local CONSUMER_FIELDS = { 'host', 'pid', 'hb', 'ttl', 'st', 'n', 'c', 'claimed',
+  'succeeded', 'retried', 'dead', 'cancelled', 'handed_back', 'lease_lost' }
+local function consumer_rows(lo, hi, limit)
+  local rows = {}
+  local found = redis.call('ZREVRANGEBYSCORE', K_CONSUMERS, hi, lo, 'WITHSCORES', 'LIMIT', 0, limit)
+  for i = 1, #found, 2 do
+    local f = redis.pcall('HMGET', k_cinfo(found[i]), unpack(CONSUMER_FIELDS))
+    if not wrong_type(f) and f[3] then -- else expired: pruned by a heartbeat soon
+      local row = { found[i], tonumber(found[i + 1]) }
+      for j = 1, #CONSUMER_FIELDS do row[#row + 1] = f[j] or false end
+      rows[#rows + 1] = row
+    end
+  end
+  return rows
+end
+
+-- One group as seen now: its counts and settings, the task its line starts
+-- with, and each slot holder with where it is. A damaged group key gives
+-- {g, false}.
+local function describe(g)
+  local G = group(g)
+  if not G then return { g, false } end
+  local halted_at, halted_reason = false, false
+  if G.halted then
+    halted_at = task_field(G.halted, 'ft')
+    halted_reason = task_field(G.halted, 'x')
+    if halted_reason then halted_reason = string.sub(halted_reason, 1, REASON_CHARS) end
+  end
+  local line_head = redis.pcall('LINDEX', k_park(g), 0)
+  if type(line_head) ~= 'string' then line_head = false end
+  local out = {
+    g, G.k, G.d, G.w, G.halted or false, G.limit, G.paused and 1 or 0,
+    G.rn or 0, G.rp or 0, G.mx or 0,
+    score(K_DELAYED, RATE_WAKE .. g),           -- 11: the rate frees at
+    score(K_WAITING, g),                        -- 12: line not empty since
+    line_head,                                  -- 13
+    false,                                      -- 14: its {dt, a, m}
+    halted_at, halted_reason,                   -- 15, 16
+    {},                                         -- 17: holders
+    {},                                         -- 18: marks by kind
+  }
+  if line_head then
+    local f = redis.pcall('HMGET', k_task(line_head), 'dt', 'a', 'm')
+    if not wrong_type(f) then out[14] = { f[1] or false, f[2] or false, f[3] or false } end
+  end
+  local holders, kinds = out[17], { ['@'] = 0, r = 0, ['~'] = 0, run = 0 }
+  local h = redis.pcall('HGETALL', G.key)
+  if wrong_type(h) then return { g, false } end
+  for i = 1, #h, 2 do
+    if string.sub(h[i], 1, 2) == 'h:' then
+      local id, m = string.sub(h[i], 3), h[i + 1]
+      local kind = kinds[m] and m or 'run' -- a fencing token: running
+      kinds[kind] = kinds[kind] + 1
+      if #holders < HOLDER_DETAIL then
+        local f = redis.pcall('HMGET', k_task(id), 's', 'a', 'm', 'c', 'dt')
+        if wrong_type(f) then f = {} end
+        holders[#holders + 1] = { id, m, f[1] or false, f[2] or false, f[3] or false,
+          f[4] or false, f[5] or false, score(K_LEASES, id), score(K_DELAYED, id) }
+      end
+    end
+  end
+  out[18] = { kinds.run, kinds['@'], kinds.r, kinds['~'] }
+  return out
+end

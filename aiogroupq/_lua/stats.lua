@@ -1,0 +1,50 @@
+#!lua flags=no-writes
+--[[ stats.lua: a queue's counts in one call, without scanning anything.
+  KEYS[1..6]  the common keys (see lib/base.lua)
+  KEYS[7]     {aiogroupq:<q>}:consumers   ZSET the consumer registry
+  ARGV[1]     key prefix
+  ARGV[2]     the most live consumers to list
+  returns  {now, exists, paused, ready list, ready zset, delayed members,
+            leases, dead, groups with a line, halted, paused groups,
+            consumers alive, consumers recently gone, dt of the ready head,
+            dt of the priority head, earliest line start, next due,
+            {stats hash field, value, ...}, {consumer rows (lib/inspect.lua)}}
+           Every count is a ZCARD, LLEN, SCARD or a counter the scripts keep
+           in the stats hash, so the call is O(log n) however deep the queue.
+  errors   "aiogroupq corrupt <key>: ..." if a key it reads is damaged
+]]
+--- @include "inspect"
+
+local limit = tonumber(ARGV[2])
+if not limit then return redis.error_reply('ERR aiogroupq stats: malformed arguments') end
+local bad = check_views()
+if bad then return bad end
+local now = now_ms()
+
+-- When the entry at the head of a runnable index became runnable.
+local function head_dt(id)
+  if not id then return false end
+  return tonumber(task_field(id, 'dt')) or false
+end
+local ready_head = redis.call('LINDEX', K_READY, 0)
+local pready_head = redis.call('ZRANGE', K_PREADY, 0, 0)[1]
+local earliest_line = redis.call('ZRANGE', K_WAITING, 0, 0, 'WITHSCORES')[2]
+local next_due = redis.call('ZRANGE', K_DELAYED, 0, 0, 'WITHSCORES')[2]
+
+local gone = 0
+for _, name in ipairs(redis.call('ZREVRANGEBYSCORE', K_CONSUMERS, '(' .. now, '-inf', 'LIMIT', 0, 100)) do
+  if redis.call('EXISTS', k_cinfo(name)) == 1 then gone = gone + 1 end
+end
+local exists = redis.call('EXISTS', K_STATS, K_CONF, K_CONSUMERS) > 0
+
+return {
+  now, exists and 1 or 0, conf().paused and 1 or 0,
+  redis.call('LLEN', K_READY), redis.call('ZCARD', K_PREADY),
+  redis.call('ZCARD', K_DELAYED), redis.call('ZCARD', K_LEASES), redis.call('ZCARD', K_DEAD),
+  redis.call('ZCARD', K_BACKLOG), redis.call('SCARD', K_HALTED), redis.call('SCARD', K_PAUSED),
+  redis.call('ZCOUNT', K_CONSUMERS, now, '+inf'), gone,
+  head_dt(ready_head), head_dt(pready_head),
+  tonumber(earliest_line) or false, tonumber(next_due) or false,
+  redis.call('HGETALL', K_STATS),
+  consumer_rows(now, '+inf', limit),
+}
