@@ -40,6 +40,25 @@ PRODUCER_CALLS: dict[str, ProducerCall] = {
     "requeue_dead": lambda p: p.requeue_dead(TASK_ID),
     "purge_dead": lambda p: p.purge_dead(all=True),
     "release_group": lambda p: p.release_group("g"),
+    "status_many": lambda p: p.status_many([TASK_ID]),
+}
+AdminCall = Callable[[aiogroupq.Admin], Awaitable[object]]
+ADMIN_CALLS: dict[str, AdminCall] = {
+    "set_group": lambda a: a.set_group("g", concurrency=2),
+    "group_settings": lambda a: a.group_settings("g"),
+    "pause_group": lambda a: a.pause_group("g"),
+    "resume_group": lambda a: a.resume_group("g"),
+    "configure": lambda a: a.configure(),
+    "settings": lambda a: a.settings(),
+    "pause": lambda a: a.pause(),
+    "resume": lambda a: a.resume(),
+    "stats": lambda a: a.stats(),
+    "group_info": lambda a: a.group_info("g"),
+    "groups": lambda a: a.groups(),
+    "task": lambda a: a.task(TASK_ID),
+    "position": lambda a: a.position(TASK_ID),
+    "status_many": lambda a: a.status_many([TASK_ID]),
+    "consumers": lambda a: a.consumers(),
 }
 
 
@@ -51,13 +70,17 @@ def test_the_documented_budget_is_the_one_in_force() -> None:
     assert _connection.CALL_BUDGET == BUDGET
 
 
-def test_every_producer_method_is_walked() -> None:
-    public = {
-        name
-        for name, member in inspect.getmembers(aiogroupq.Producer)
-        if not name.startswith("_") and inspect.iscoroutinefunction(member)
-    }
-    assert public == set(PRODUCER_CALLS)
+def test_every_producer_and_admin_method_is_walked() -> None:
+    for cls, calls in (
+        (aiogroupq.Producer, PRODUCER_CALLS),
+        (aiogroupq.Admin, ADMIN_CALLS),
+    ):
+        public = {
+            name
+            for name, member in inspect.getmembers(cls)
+            if not name.startswith("_") and inspect.iscoroutinefunction(member)
+        }
+        assert public == set(calls), cls
 
 
 @pytest.fixture
@@ -195,6 +218,21 @@ async def test_a_stopped_server_fails_every_producer_call(
     _report("down", seen)
     for name, (error, _) in seen.items():
         assert isinstance(error, aiogroupq.RedisUnavailableError), (name, error)
+
+
+async def test_a_stopped_server_fails_every_admin_call(
+    server: ServerProcess,
+) -> None:
+    async with aiogroupq.Admin(server.url, queue=QUEUE) as admin:
+        await admin.stats()
+        server.stop()
+        for name, call in ADMIN_CALLS.items():
+            with (
+                anyio.fail_after(PATIENCE),
+                pytest.raises(aiogroupq.RedisUnavailableError),
+            ):
+                await call(admin)
+            print(f"[down] Admin.{name} raised RedisUnavailableError")  # noqa: T201
 
 
 @pytest.mark.parametrize("kind", ["Producer", "Consumer", "check_queue"])

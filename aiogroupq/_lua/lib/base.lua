@@ -33,6 +33,9 @@ local K_BACKLOG = PREFIX .. 'backlog' -- ZSET group -> tasks waiting in its line
 local K_HALTED = PREFIX .. 'halted'   -- SET groups halted behind a dead task
 local K_PAUSED = PREFIX .. 'paused'   -- SET paused groups
 local K_WAITING = PREFIX .. 'waiting' -- ZSET group -> since when its line is not empty
+-- A "~<group>" member of the delayed ZSET wakes a group out of its rate
+-- (task ids are hex, so never start with it).
+local RATE_WAKE = '~'
 
 local function k_task(id) return PREFIX .. 't:' .. id end
 local function k_group(g) return PREFIX .. 'grp:' .. g end

@@ -67,7 +67,6 @@ end
 
 -- A head out of its group's rate waits aside until the rate frees, when a
 -- "~<g>" member of the delayed ZSET brings the group's held heads back.
-local RATE_WAKE = '~'
 local function rate_hold(G, id, free_at)
   if not shelve(G, id) then return false end
   if redis.call('ZADD', K_DELAYED, 'NX', free_at, RATE_WAKE .. G.name) == 1 then
