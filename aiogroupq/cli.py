@@ -506,9 +506,35 @@ async def _serve(spec: str, target: Target, args: argparse.Namespace) -> None:
                 tg.start_soon(_watch_parent, args.parent_pid, stop)
             try:
                 with run_scope, _metrics(args) as observers:
+                    if observers and args.queue is not None:
+                        tg.start_soon(_queue_gauges, args, observers[0])
                     await _consume(spec, target, args, stop, observers)
             finally:
                 tg.cancel_scope.cancel()
+
+
+async def _queue_gauges(args: argparse.Namespace, observer: Observer) -> None:
+    """With --metrics-port: keep the queue's counts as gauges, from one
+    ``Admin.stats()`` call every few seconds (each counts every consumer's
+    tasks, so any one worker's metrics show the whole queue)."""
+    from .admin import Admin
+    from .prometheus import PrometheusObserver
+
+    assert isinstance(observer, PrometheusObserver)
+    async with Admin(args.redis_url, queue=args.queue) as admin:
+
+        async def read() -> dict[str, int]:
+            stats = await admin.stats()
+            return {
+                "ready": stats.ready,
+                "parked": stats.parked,
+                "held": stats.held,
+                "delayed": stats.delayed,
+                "running": stats.running,
+                "dead": stats.dead,
+            }
+
+        await observer.watch_queue(args.queue, read)
 
 
 async def _consume(

@@ -512,6 +512,8 @@ class Consumer:
                         problem,
                     )
                 self._dead_elsewhere(client, reply.dead)
+                for task_id in reply.expired:
+                    self._telemetry.emit(EventKind.EXPIRED, None, task_id=task_id)
                 deadline = sent_at + self._local_lease()
                 for claimed in reply.tasks:
                     running = Running(claimed)
