@@ -107,7 +107,9 @@ class Consumer:
     while it runs raises :class:`~aiogroupq.ConsumerRunningError`.
 
     Entering checks the server (version, eviction policy, credentials) and
-    takes the consumer's name; see :meth:`__aenter__` for what it raises.
+    takes the consumer's name: it raises :class:`~aiogroupq.RedisUnavailableError`,
+    :class:`~aiogroupq.AuthenticationError` or a
+    :class:`~aiogroupq.ConfigurationError` when it cannot start.
 
     :param redis: a ``redis://`` URL, or a ``redis.asyncio.Redis`` client to
         borrow (never closed by us; must have ``decode_responses=False``)
