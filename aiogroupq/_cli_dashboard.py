@@ -79,6 +79,13 @@ def add_command(
         help="show task payloads and results (hidden by default)",
     )
     parser.add_argument(
+        "--history",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="seconds of throughput history charted (default: %(default)g)",
+    )
+    parser.add_argument(
         "--root-path",
         default="",
         help="the path prefix a reverse proxy serves it under (e.g. /dashboard)",
@@ -153,4 +160,5 @@ def _build(args: argparse.Namespace) -> Starlette:
         token=token,
         read_only=args.read_only,
         show_payloads=args.show_payloads,
+        history=args.history,
     )

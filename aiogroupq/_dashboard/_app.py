@@ -46,7 +46,7 @@ from ..errors import (
 from ..producer import Producer
 from . import _auth
 from ._auth import Access, Guard
-from ._history import History
+from ._history import History, window_text
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -188,6 +188,7 @@ class Dashboard:
             until=fmt.until,
             clock=fmt.clock,
             short=fmt.short,
+            window_text=window_text,
         )
 
     # -- Redis ------------------------------------------------------------------

@@ -9,7 +9,13 @@ watched, Redis was down) shows as the average over the gap, never as a spike.
 
 from __future__ import annotations
 
-__all__ = ("History", "Interval", "failure_chart", "throughput_chart")
+__all__ = (
+    "History",
+    "Interval",
+    "failure_chart",
+    "throughput_chart",
+    "window_text",
+)
 
 import itertools
 import math
@@ -240,7 +246,7 @@ def _chart(
         )
     base = HEIGHT - 4
     parts.append(
-        f'<text class="axis" x="{_LEFT}" y="{base}">-{_minutes(window)}</text>'
+        f'<text class="axis" x="{_LEFT}" y="{base}">-{window_text(window)}</text>'
     )
     parts.append(
         f'<text class="axis" x="{WIDTH - 4}" y="{base}" text-anchor="end">now</text>'
@@ -306,7 +312,8 @@ def _figure(value: float) -> str:
     return f"{value:g}"
 
 
-def _minutes(seconds: float) -> str:
+def window_text(seconds: float) -> str:
+    """A history window for people: '90 s', '10 min'."""
     if seconds >= 120:
         return f"{seconds / 60:g} min"
     return f"{seconds:g} s"
