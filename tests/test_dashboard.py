@@ -23,8 +23,10 @@ import anyio
 import httpx
 import pytest
 import redis.asyncio
+from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
+from starlette.routing import Mount
 
 import aiogroupq
 from aiogroupq._dashboard._history import (
@@ -432,6 +434,46 @@ async def test_after_an_action_it_never_redirects_to_another_site(
                 assert response.headers["location"] == f"/q/{QUEUE}", target
 
 
+async def test_mounted_under_a_path_its_urls_and_cookies_follow(
+    redis_url: str, redis_client: redis.asyncio.Redis
+) -> None:
+    dashboard = create_app(redis_url, queues=[QUEUE], token=TOKEN)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with dashboard.router.lifespan_context(dashboard):
+            yield
+
+    host = Starlette(routes=[Mount("/ops/dash", app=dashboard)], lifespan=lifespan)
+    with serving(host) as url:
+        async with browser(url) as client:
+            first = await client.get("/ops/dash/q/dash")
+            assert (
+                first.headers["location"]
+                == "/ops/dash/login?next=%2Fops%2Fdash%2Fq%2Fdash"
+            )
+            page = await client.get("/ops/dash/login")
+            assert 'action="/ops/dash/login"' in page.text
+            signed_in = await client.post(
+                "/ops/dash/login",
+                data={
+                    "csrf": csrf(page.text),
+                    "token": TOKEN,
+                    "next": "/ops/dash/q/dash",
+                },
+            )
+            assert signed_in.headers["location"] == "/ops/dash/q/dash"
+            assert {c.path for c in client.cookies.jar} == {"/ops/dash/"}
+            queue = await client.get("/ops/dash/q/dash")
+            assert 'href="/ops/dash/q/dash/groups"' in queue.text
+            assert 'href="/ops/dash/static/dashboard.css"' in queue.text
+            # A "next" outside the mount is not followed.
+            paused = await act(client, "/ops/dash/q/dash/pause", next="/elsewhere")
+            assert paused.headers["location"] == "/ops/dash/q/dash"
+    async with aiogroupq.Admin(redis_client, queue=QUEUE) as admin:
+        assert (await admin.settings()).paused
+
+
 async def test_every_response_forbids_framing_and_foreign_scripts(
     redis_url: str,
 ) -> None:
@@ -656,6 +698,18 @@ def test_without_starlette_the_import_says_what_to_install(
     with pytest.raises(aiogroupq.MissingExtraError) as caught:
         importlib.import_module("aiogroupq.dashboard")
     assert "pip install 'aiogroupq[dashboard]'" in str(caught.value)
+
+
+async def test_the_command_without_the_extra_says_what_to_install() -> None:
+    code = (
+        "import sys; sys.modules['starlette'] = None; "
+        "from aiogroupq.cli import main; "
+        "sys.exit(main(['dashboard', '--queue', 'q']))"
+    )
+    with anyio.fail_after(60):
+        done = await anyio.run_process([sys.executable, "-c", code], check=False)
+    assert done.returncode == 2
+    assert "pip install 'aiogroupq[dashboard]'" in done.stderr.decode()
 
 
 @pytest.mark.parametrize(

@@ -181,3 +181,22 @@ def test_the_testing_docs_quote_the_example_files_verbatim() -> None:
     for path, body in blocks:
         source = (ROOT / path).read_text()
         assert body.strip() in source, f"docs/testing.md quotes {path} wrongly"
+
+
+def test_the_dashboard_docs_quote_the_example_verbatim() -> None:
+    """The code blocks of docs/usage.md that name examples/dashboard_app.py
+    are verbatim excerpts of it, and the screenshots they show exist."""
+    text = (ROOT / "docs" / "usage.md").read_text()
+    blocks = re.findall(
+        r"^```\w*\n# (examples/dashboard_app.py)\n(.*?)^```$",
+        text,
+        re.MULTILINE | re.DOTALL,
+    )
+    assert len(blocks) == 2, blocks
+    source = (ROOT / "examples" / "dashboard_app.py").read_text()
+    for _, body in blocks:
+        assert body.strip() in source, "docs/usage.md quotes the example wrongly"
+    images = re.findall(r"\]\((images/dashboard-[a-z]+\.png)\)", text)
+    assert len(set(images)) == 7, images
+    for image in images:
+        assert (ROOT / "docs" / image).read_bytes().startswith(b"\x89PNG"), image
