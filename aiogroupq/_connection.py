@@ -181,6 +181,22 @@ async def open_client(redis: RedisLike, *, retry: bool) -> AsyncIterator[Redis]:
         check_borrowed(redis)
         yield redis
         return
+    client = new_client(redis, retry=retry)
+    try:
+        yield client
+    finally:
+        # Also when we are being cancelled: else the connection leaks.
+        with anyio.CancelScope(shield=True):
+            await client.aclose()
+
+
+def new_client(redis: object, *, retry: bool) -> Redis:
+    """A client of our own for the URL *redis* (the caller closes it); it
+    connects on its first command.
+
+    :param retry: as for :func:`open_client`
+    :raises ConfigurationError: for anything but a usable ``redis://`` URL
+    """
     if not isinstance(redis, str):
         raise ConfigurationError(
             f"expected a redis:// URL or a redis.asyncio.Redis client, got {redis!r}"
@@ -195,17 +211,11 @@ async def open_client(redis: RedisLike, *, retry: bool) -> AsyncIterator[Redis]:
         else Retry(NoBackoff(), 0),
     }
     try:
-        client = Redis.from_url(redis, **kwargs)  # type: ignore[arg-type]
+        return Redis.from_url(redis, **kwargs)  # type: ignore[arg-type]
     except (ValueError, TypeError) as exc:
         raise ConfigurationError(
             f"unusable Redis URL {safe_url(redis)!r}: {_redact(str(exc), redis)}"
         ) from None  # the parser's traceback would show the URL again
-    try:
-        yield client
-    finally:
-        # Also when we are being cancelled: else the connection leaks.
-        with anyio.CancelScope(shield=True):
-            await client.aclose()
 
 
 def as_aiogroupq_error(exc: BaseException) -> AiogroupqError | None:

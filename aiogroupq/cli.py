@@ -48,7 +48,8 @@ throwaway server (or ``--redis-url``) and verifies it from a journal.
 
 The operator commands (``stats``, ``groups``, ``group``, ``task``,
 ``consumers``, ``dead``, ``release``, ``pause``, ``resume``, ``cancel``) are
-in ``_cli_ops.py``.
+in ``_cli_ops.py``; ``aiogroupq dashboard`` (the web dashboard) is in
+``_cli_dashboard.py``.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ from typing import TYPE_CHECKING, Any, Final
 import anyio
 from redis.exceptions import RedisError
 
-from . import __version__, _cli_ops
+from . import __version__, _cli_dashboard, _cli_ops
 from ._connection import safe_url
 from ._fsck import DEFAULT_MAX_PAYLOAD, examine_queue
 from ._handlers import build_routes
@@ -127,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.command in _cli_ops.COMMANDS:
         return _cli_ops.run(args)
+    if args.command == "dashboard":
+        return _cli_dashboard.run(args)
     try:
         if args.command == "worker":
             return _worker(args)
@@ -264,6 +267,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--redis-url", help="a server to use (default: a throwaway one)")
     _cli_ops.add_commands(commands, DEFAULT_REDIS_URL)
+    _cli_dashboard.add_command(commands, DEFAULT_REDIS_URL)
     for command, flag, kind, default, text in (
         (worker, "--concurrency", _positive_int, 64, "handlers at once per process"),
         (worker, "--processes", _positive_int, 1, "worker processes"),
