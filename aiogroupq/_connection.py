@@ -289,7 +289,9 @@ async def check_server(client: Redis, *, eviction: bool = True) -> None:
         # check (a consumer replacing a stalled one recovers its tasks sooner).
         # The PING comes first so that a refused password or database
         # reads as such, not as the refusal of a later command.
-        ping, hello, *policy = await _bounded(_probe(client, eviction=eviction))
+        ping, hello, *policy = await _bounded(
+            functools.partial(_probe, client, eviction=eviction)
+        )
         if isinstance(ping, Exception):
             raise ping
         version = await _server_version(client, hello)
@@ -314,12 +316,25 @@ async def _probe(client: Redis, *, eviction: bool) -> list[Any]:
         return replies
 
 
-async def _bounded(call: Awaitable[T]) -> T:
-    # The consumer's own client does not bound its calls (it retries at its
-    # own layer), so its start-up checks are bounded here.
+async def _bounded(call: Callable[[], Awaitable[T]]) -> T:
+    # The consumer's own client neither bounds nor re-sends its calls (it
+    # retries at its own layer), so its start-up checks are bounded here, and
+    # tried again while connections are refused or dropped: a consumer
+    # started during a Redis restart waits for it, as a producer's call does.
+    wait, detail = 0.05, "no reply"
     with anyio.move_on_after(CALL_BUDGET):
-        return await call
-    raise RedisUnavailableError(f"no reply from Redis within {CALL_BUDGET:g} s")
+        while True:
+            try:
+                return await call()
+            except (rexc.ConnectionError, rexc.TimeoutError) as exc:
+                if isinstance(exc, _NOT_TRANSIENT):
+                    raise
+                detail = str(exc) or type(exc).__name__
+            await anyio.sleep(wait)
+            wait = min(wait * 2, 1.0)
+    raise RedisUnavailableError(
+        f"no answer from Redis within {CALL_BUDGET:g} s ({detail})"
+    )
 
 
 def _version(text: object) -> tuple[int, int] | None:
@@ -342,7 +357,7 @@ async def _server_version(client: Redis, hello: Any) -> tuple[int, int] | None:
                 return _version(hello[key])
     # HELLO refused: Redis < 6 (unknown command), or an ACL without it.
     try:
-        info: Any = await _bounded(client.info("server"))
+        info: Any = await _bounded(functools.partial(client.info, "server"))
     except rexc.ResponseError:
         logger.warning(
             "could not read the server's version (HELLO and INFO refused); "

@@ -245,6 +245,23 @@ async def test_entering_with_nothing_listening_is_redis_unavailable(
         await _enter(kind, url)
 
 
+@pytest.mark.parametrize("kind", ["Producer", "Consumer", "check_queue"])
+async def test_entering_while_the_server_starts_waits_for_it(
+    kind: str, tmp_path: Path
+) -> None:
+    # A consumer (re)started during a Redis restart used to fail at once on
+    # the refused connection; the budget of a start-up check covers that.
+    port = free_port()
+    late = ServerProcess(workdir=tmp_path, port=port)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_enter, kind, f"redis://127.0.0.1:{port}/0")
+            await anyio.sleep(1.0)
+            await anyio.to_thread.run_sync(late.start)
+    finally:
+        late.stop()
+
+
 async def _enter(kind: str, url: str) -> None:
     if kind == "check_queue":
         await aiogroupq.check_queue(url, QUEUE)
