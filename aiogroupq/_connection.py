@@ -93,8 +93,18 @@ class BoundedRetry(Retry):
             if isinstance(error, _NOT_TRANSIENT):
                 raise error
 
+        async def attempt() -> T:
+            # redis-py < 5.1 connects inside this retry but lets the socket's
+            # own OSError (a refused connection) out of it unretried.
+            try:
+                return await do()
+            except TimeoutError as exc:
+                raise rexc.TimeoutError(str(exc)) from exc
+            except OSError as exc:
+                raise rexc.ConnectionError(str(exc) or type(exc).__name__) from exc
+
         with anyio.move_on_after(self.budget):
-            return await super().call_with_retry(do, failed, *args, **kwargs)
+            return await super().call_with_retry(attempt, failed, *args, **kwargs)
         # Not a builtin TimeoutError: Producer.result raises that for its own
         # timeout, and this one must become RedisUnavailableError.
         raise rexc.TimeoutError(f"no reply from Redis within {self.budget:g} s")
