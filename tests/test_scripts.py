@@ -1292,12 +1292,13 @@ async def test_heartbeat_keeps_a_short_lease_from_expiring(
     redis_client: redis.asyncio.Redis,
 ) -> None:
     await enqueue(redis_client, new("a", "g"), new("a2", "g"))
-    a = await claim_one(redis_client, lease_ms=1)
-    # Renewed before any claim ran recovery: the lease is alive again.
+    # Long enough to outlive the round trip to the heartbeat (a lease that
+    # ran out before its heartbeat is lost, whether or not a claim saw it).
+    a = await claim_one(redis_client, lease_ms=1_000)
     assert await _scripts.heartbeat(
         redis_client, KEYS, [(a.id, a.token)], lease_ms=LONG_MS
     ) == [1]
-    await anyio.sleep(0.05)
+    await anyio.sleep(1.1)  # past the first lease: the renewal holds it
     assert (await claim(redis_client, "other")).tasks == []
     assert await field(redis_client, "a", "k") == str(a.token)
     assert await finish(redis_client, ok(a)) == [_scripts.APPLIED]
