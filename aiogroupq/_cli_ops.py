@@ -20,11 +20,12 @@ from contextlib import asynccontextmanager
 from typing import Any, Final
 
 import anyio
-from redis.asyncio import Redis
 
-from . import _cli_render as show, _scripts, _validate, _views
-from ._connection import open_client, unavailable_as_error
+from . import _cli_render as show, _layout, _scripts, _validate, _views
+from ._connection import Client, open_client, unavailable_as_error
+from ._fanout import by_partition, requeue_dead
 from ._keys import QueueKeys
+from ._partition import Partitions
 from .admin import MAX_PAGE, Admin
 from .errors import (
     AiogroupqError,
@@ -249,7 +250,7 @@ def run(args: argparse.Namespace) -> int:
 @asynccontextmanager
 async def _open(
     args: argparse.Namespace,
-) -> AsyncIterator[tuple[Redis, Admin, Producer]]:
+) -> AsyncIterator[tuple[Client, Admin, Producer]]:
     async with (
         open_client(args.redis_url, retry=True) as client,
         Admin(client, queue=args.queue) as admin,
@@ -285,7 +286,7 @@ def _missing(args: argparse.Namespace) -> _Failed:
 
 
 async def _stats(
-    args: argparse.Namespace, client: Redis, admin: Admin, producer: Producer
+    args: argparse.Namespace, client: Client, admin: Admin, producer: Producer
 ) -> None:
     shown = 0
     previous: _views.QueueStats | None = None
@@ -316,7 +317,7 @@ async def _stats(
 
 
 async def _groups(
-    args: argparse.Namespace, client: Redis, admin: Admin, producer: Producer
+    args: argparse.Namespace, client: Client, admin: Admin, producer: Producer
 ) -> None:
     if args.limit > MAX_PAGE:
         raise _Usage(f"--limit must be at most {MAX_PAGE}, got {args.limit}")
@@ -341,7 +342,7 @@ async def _groups(
 
 
 async def _group(
-    args: argparse.Namespace, client: Redis, admin: Admin, producer: Producer
+    args: argparse.Namespace, client: Client, admin: Admin, producer: Producer
 ) -> None:
     info = await admin.group_info(args.name)
     if info.state == _views.GroupState.IDLE:
@@ -350,7 +351,7 @@ async def _group(
 
 
 async def _task(
-    args: argparse.Namespace, client: Redis, admin: Admin, producer: Producer
+    args: argparse.Namespace, client: Client, admin: Admin, producer: Producer
 ) -> None:
     try:
         details = await admin.task(args.task_id)
@@ -364,7 +365,7 @@ def _no_task(args: argparse.Namespace) -> str:
 
 
 async def _consumers(
-    args: argparse.Namespace, client: Redis, admin: Admin, producer: Producer
+    args: argparse.Namespace, client: Client, admin: Admin, producer: Producer
 ) -> None:
     found = await admin.consumers()
     if not found:
@@ -382,7 +383,7 @@ async def _consumers(
 
 
 async def _dead(
-    args: argparse.Namespace, client: Redis, admin: Admin, producer: Producer
+    args: argparse.Namespace, client: Client, admin: Admin, producer: Producer
 ) -> None:
     if args.action == "list":
         letters = await producer.dead_letters(limit=args.limit)
@@ -410,16 +411,25 @@ async def _dead(
         await _act_on_dead(args, client, admin)
 
 
-async def _act_on_dead(args: argparse.Namespace, client: Redis, admin: Admin) -> None:
-    op, keys = args.action, QueueKeys(args.queue)
+async def _act_on_dead(args: argparse.Namespace, client: Client, admin: Admin) -> None:
+    op = args.action
     if bool(args.ids) == args.all:
         raise _Usage(f"give task ids or --all (not both) to {op}")
+    parts = Partitions(args.queue)
+    await _layout.refresh(client, parts)
+
+    async def act(keys: QueueKeys, ids: list[str]) -> int:
+        if op == "requeue":
+            return await requeue_dead(client, parts, ids)
+        return await _scripts.dead_action(client, keys, op, ids)
+
     done = 0
     if args.ids:
         progress = show.Progress(f"{op}d", len(args.ids))
         for start in range(0, len(args.ids), _scripts.DEAD_BATCH):
             chunk = args.ids[start : start + _scripts.DEAD_BATCH]
-            done += await _scripts.dead_action(client, keys, op, chunk)
+            for keys, mine in by_partition(parts, chunk).items():
+                done += await act(keys, mine)
             progress.update(
                 start + len(chunk), final=start + len(chunk) == len(args.ids)
             )
@@ -433,20 +443,23 @@ async def _act_on_dead(args: argparse.Namespace, client: Redis, admin: Admin) ->
     # Only what is dead now: a task dead-lettered meanwhile is not chased.
     until_ms = round(stats.now * 1000)
     progress = show.Progress(f"{op}d", stats.dead)
-    looked, skipped = 0, 0
-    while ids := await _dead_before(client, keys, until_ms, skipped):
-        acted = await _scripts.dead_action(client, keys, op, ids)
-        done += acted
-        looked += len(ids)
-        # Left alone (damaged keys): still in the index, so page past them.
-        skipped += len(ids) - acted if op == "requeue" else 0
-        progress.update(looked)
+    looked = 0
+    for keys in parts.all():
+        skipped = 0
+        while ids := await _dead_before(client, keys, until_ms, skipped):
+            acted = await act(keys, ids)
+            done += acted
+            looked += len(ids)
+            # Left alone (damaged keys, or a group that moved away): still in
+            # the index, so page past them.
+            skipped += len(ids) - acted if op == "requeue" else 0
+            progress.update(looked)
     progress.update(looked, final=True)
     print(f"{op}d {show.count(done)} dead letters")
 
 
 async def _dead_before(
-    client: Redis, keys: QueueKeys, until_ms: int, offset: int
+    client: Client, keys: QueueKeys, until_ms: int, offset: int
 ) -> list[str]:
     """Dead task ids of the index, oldest first, up to *until_ms*."""
     batch: list[Any] = await client.zrangebyscore(
@@ -459,7 +472,7 @@ async def _dead_before(
 
 
 async def _release(
-    args: argparse.Namespace, client: Redis, admin: Admin, producer: Producer
+    args: argparse.Namespace, client: Client, admin: Admin, producer: Producer
 ) -> None:
     if not await producer.release_group(args.name):
         raise _Failed(f"group {args.name!r} is not halted")
@@ -467,7 +480,7 @@ async def _release(
 
 
 async def _pause(
-    args: argparse.Namespace, client: Redis, admin: Admin, producer: Producer
+    args: argparse.Namespace, client: Client, admin: Admin, producer: Producer
 ) -> None:
     resume = args.command == "resume"
     if args.name is None:
@@ -482,12 +495,12 @@ async def _pause(
 
 
 async def _cancel(
-    args: argparse.Namespace, client: Redis, admin: Admin, producer: Producer
+    args: argparse.Namespace, client: Client, admin: Admin, producer: Producer
 ) -> None:
     task_id = _validate.task_id(args.task_id)
     code = await _scripts.cancel(
         client,
-        QueueKeys(args.queue),
+        Partitions(args.queue).of_id(task_id),
         task_id,
         retention_ms=round(DEFAULT_RETENTION * 1000),
     )

@@ -77,7 +77,7 @@ from ._snapshot import (
 )
 
 if TYPE_CHECKING:
-    from redis.asyncio import Redis
+    from ._connection import Client
 
 #: a key of the queue hashes to another cluster slot than the queue's fixed keys
 WRONG_SLOT: Final = "wrong-slot"
@@ -699,7 +699,7 @@ def problems_of(snap: Snapshot) -> list[Problem]:
 
 
 async def examine(
-    client: Redis, keys: QueueKeys, *, max_payload: int = DEFAULT_MAX_PAYLOAD
+    client: Client, keys: QueueKeys, *, max_payload: int = DEFAULT_MAX_PAYLOAD
 ) -> tuple[Snapshot, list[Problem]]:
     """Read a queue and apply every rule: the snapshot (``empty`` says
     whether the queue has any key) and its problems."""
@@ -708,7 +708,7 @@ async def examine(
 
 
 async def check(
-    client: Redis, keys: QueueKeys, *, max_payload: int = DEFAULT_MAX_PAYLOAD
+    client: Client, keys: QueueKeys, *, max_payload: int = DEFAULT_MAX_PAYLOAD
 ) -> list[Problem]:
     """Walk one queue's keys and report every broken invariant.
 

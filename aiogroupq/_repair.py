@@ -45,8 +45,9 @@ from ._scripts import Script
 from .errors import CorruptQueueError
 
 if TYPE_CHECKING:
-    from redis.asyncio import Redis
     from redis.typing import EncodableT
+
+    from ._connection import Client
 
 #: most check-and-repair rounds of one repair
 ROUNDS: Final = 12
@@ -383,7 +384,7 @@ _PLANS: Final = {
 }
 
 
-async def _run_step(client: Redis, keys: QueueKeys, step: _Step) -> str:
+async def _run_step(client: Client, keys: QueueKeys, step: _Step) -> str:
     """Run one step; "" when it changed nothing (or could not run yet)."""
     # Ids and names as stored, even when they are not UTF-8.
     args = [
@@ -398,7 +399,7 @@ async def _run_step(client: Redis, keys: QueueKeys, step: _Step) -> str:
     return "" if text == "retry" else text
 
 
-async def _activity(client: Redis, keys: QueueKeys) -> Any:
+async def _activity(client: Client, keys: QueueKeys) -> Any:
     """The stats hash: any enqueue, start, end or group change moves it."""
     try:
         return await client.hgetall(keys.stats)
@@ -407,7 +408,7 @@ async def _activity(client: Redis, keys: QueueKeys) -> Any:
 
 
 async def repair(
-    client: Redis,
+    client: Client,
     keys: QueueKeys,
     *,
     max_payload: int = fsck.DEFAULT_MAX_PAYLOAD,
