@@ -38,9 +38,9 @@ from typing import TYPE_CHECKING, Any, Final
 
 from redis.exceptions import ResponseError
 
-from . import _fsck as fsck
+from . import _fsck as fsck, _layout
 from ._connection import RedisLike, open_client, unavailable_as_error
-from ._keys import QueueKeys
+from ._partition import Partitions
 from ._scripts import Script
 from .errors import CorruptQueueError
 
@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from redis.typing import EncodableT
 
     from ._connection import Client
+    from ._keys import QueueKeys
 
 #: most check-and-repair rounds of one repair
 ROUNDS: Final = 12
@@ -476,8 +477,24 @@ async def repair_queue(
     :raises ConfigurationError: for a bad queue name or client
     :raises RedisUnavailableError: if Redis cannot be reached
     """
-    keys = QueueKeys(queue)
-    return (await repair_keys(redis, keys, max_payload=max_payload_bytes))[0]
+    return (await repair_partitions(redis, queue, max_payload=max_payload_bytes))[0]
+
+
+@unavailable_as_error
+async def repair_partitions(
+    redis: RedisLike, queue: str, *, max_payload: int = fsck.DEFAULT_MAX_PAYLOAD
+) -> tuple[list[Repair], list[fsck.Problem]]:
+    """:func:`repair` of every partition of a queue; the changes, and what
+    the check finds afterwards (a group live in the wrong partition is only
+    reported: moving tasks between partitions would break its order)."""
+    parts = Partitions(queue)
+    done: list[Repair] = []
+    async with open_client(redis, retry=True) as client:
+        parts.layout = await _layout.read(client, parts)
+        for keys in parts.all():
+            done += (await repair(client, keys, max_payload=max_payload))[0]
+    _, problems = await fsck.examine_partitions(redis, queue, max_payload=max_payload)
+    return done, problems
 
 
 @unavailable_as_error

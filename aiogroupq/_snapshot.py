@@ -30,6 +30,7 @@ from redis.crc import key_slot
 from redis.exceptions import ResponseError
 
 from ._codec import describe_decode_error, unpack
+from ._connection import node_of
 from ._runner import ENVELOPE_OVERHEAD, _out_of_range
 
 if TYPE_CHECKING:
@@ -266,7 +267,12 @@ async def read(
     snap = Snapshot(keys)
     slot = key_slot(_raw(keys.ready))
     names = sorted(
-        {_text(raw) async for raw in client.scan_iter(match=keys.pattern(), count=1000)}
+        {
+            _text(raw)
+            async for raw in client.scan_iter(
+                match=keys.pattern(), count=1000, **node_of(client, keys.ready)
+            )
+        }
     )
     snap.empty = not names
     classified: list[tuple[str, str, str, str]] = []  # family, item, key, type
