@@ -130,7 +130,36 @@ async def finish(client: Client, parts: Partitions) -> tuple[list[str], int]:
     # makes them refuse any task still sent by a client that lags behind.
     for keys in retired:
         await _scripts.meta(client, keys, "cas", layout.text(), done.text())
+        await _fold_totals(client, keys, parts.keys(0))
     return [], 0
+
+
+#: the lifetime counters of a partition's ``stats`` hash (``stats()``'s totals)
+_TOTALS: Final = (
+    "enqueued",
+    "started",
+    "succeeded",
+    "retried",
+    "dead",
+    "cancelled",
+    "expired",
+    "recovered",
+)
+
+
+async def _fold_totals(client: Client, retired: QueueKeys, first: QueueKeys) -> None:
+    """Add a retired partition's lifetime totals to partition 0's, so that
+    ``stats()`` keeps counting the tasks it ran (two calls on two slots: an
+    interruption between them may count some twice, never lose them)."""
+    values: list[Any] = await client.hmget(retired.stats, list(_TOTALS))
+    counts = {name: int(raw) for name, raw in zip(_TOTALS, values, strict=True) if raw}
+    if not counts:
+        return
+    async with client.pipeline(transaction=False) as pipe:
+        for name, count in counts.items():
+            pipe.hincrby(first.stats, name, count)
+        await pipe.execute()
+    await client.hdel(retired.stats, *counts)
 
 
 async def _live_groups(client: Client, keys: QueueKeys) -> Any:

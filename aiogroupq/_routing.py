@@ -120,7 +120,9 @@ async def send(
                 raise _scripts.NotReplicatedRefusal(out, acked)
             return out
         pending.sort()
-        if stale:
+        # A "moved" answer to a client that knows of no move means the move
+        # began after it read the layout: read it again, as for "stale".
+        if stale or (moved and not parts.layout.migrating):
             if rounds:
                 await anyio.sleep(min(0.2, 0.01 * rounds))
             await _layout.refresh(client, parts)

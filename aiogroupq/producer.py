@@ -36,7 +36,7 @@ from ._connection import (
     unavailable_as_error,
 )
 from ._fanout import by_partition, dead_letter_rows, each_partition, requeue_dead
-from ._layout import open_layout
+from ._layout import open_layout, refresh
 from ._observe import id_list
 from ._observer import EventKind, Observer, Observers, check_observers
 from ._partition import Partitions, check_count, in_partition
@@ -182,6 +182,13 @@ class Producer(anyio.AsyncContextManagerMixin):
     @unavailable_as_error
     async def _open_layout(self, client: Client) -> None:
         await open_layout(client, self._parts, self._requested)
+
+    async def _current(self) -> Partitions:
+        """The partitions, with the layout read again: the operations on dead
+        letters and halted groups must see a repartition begun since we
+        entered (enqueues learn it from the scripts' answers)."""
+        await refresh(self._open_client(), self._parts)
+        return self._parts
 
     def _open_client(self) -> Client:
         if self._client is None:
@@ -534,7 +541,7 @@ class Producer(anyio.AsyncContextManagerMixin):
         :return: how many of *task_ids* were dead and were requeued
         """
         ids = [_validate.task_id(t) for t in task_ids]
-        return await requeue_dead(self._open_client(), self._parts, ids)
+        return await requeue_dead(self._open_client(), await self._current(), ids)
 
     @unavailable_as_error
     async def purge_dead(self, *task_ids: str, all: bool = False) -> int:
@@ -558,7 +565,7 @@ class Producer(anyio.AsyncContextManagerMixin):
         client = self._open_client()
         if not all:
             ids = [_validate.task_id(t) for t in task_ids]
-            groups = by_partition(self._parts, ids)
+            groups = by_partition(await self._current(), ids)
             return sum(
                 [
                     await _scripts.dead_action(client, keys, "purge", mine)
@@ -572,7 +579,7 @@ class Producer(anyio.AsyncContextManagerMixin):
                 total += await _scripts.dead_action(client, keys, "purge", batch)
             return total
 
-        return sum(await each_partition(self._parts.all(), purge))
+        return sum(await each_partition((await self._current()).all(), purge))
 
     @unavailable_as_error
     async def release_group(self, group: str) -> bool:
@@ -586,7 +593,7 @@ class Producer(anyio.AsyncContextManagerMixin):
             raise InvalidGroupError(group, "is None; name the halted group")
         client = self._open_client()
         done = 0
-        for keys in self._parts.of_group(checked):
+        for keys in (await self._current()).of_group(checked):
             done += await _scripts.dead_action(client, keys, "release", [checked])
         return done >= 1
 
@@ -595,7 +602,7 @@ class Producer(anyio.AsyncContextManagerMixin):
         """The oldest *limit* dead-lettered tasks of the queue, oldest first."""
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"limit must be an int >= 1, got {limit!r}")
-        rows = await dead_letter_rows(self._open_client(), self._parts, limit)
+        rows = await dead_letter_rows(self._open_client(), await self._current(), limit)
         return [_dead_letter(row) for row in rows]
 
 

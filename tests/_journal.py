@@ -29,6 +29,7 @@ from typing import Literal, Protocol
 import anyio
 import msgspec
 import redis.asyncio
+from redis.asyncio.cluster import RedisCluster
 
 import aiogroupq
 
@@ -107,10 +108,23 @@ class HandlerFailure(Exception):
     """Raised on purpose by a handler whose job says it must fail."""
 
 
+Client = redis.asyncio.Redis | RedisCluster
+
+
+def client_for(url: str) -> Client:
+    """A client of *url*: a ``redis+cluster://`` URL gives a cluster client
+    (seeded with its first node). On a cluster, give the journal a key with a
+    hash tag (``{test:journal}``), so that its keys share one slot."""
+    if url.startswith("redis+cluster://"):
+        first = url.removeprefix("redis+cluster://").split("/")[0].split(",")[0]
+        return RedisCluster.from_url(f"redis://{first}/0")
+    return redis.asyncio.Redis.from_url(url)
+
+
 class Journal:
     """Writes and reads the journal through one ``redis.asyncio`` client."""
 
-    def __init__(self, client: redis.asyncio.Redis, *, key: str = JOURNAL_KEY):
+    def __init__(self, client: Client, *, key: str = JOURNAL_KEY):
         self._client = client
         self._keys = (f"{key}:clock", key, f"{key}:done")
         self._marks_key = f"{key}:marks"
@@ -361,6 +375,16 @@ class Flag(Protocol):
     def is_set(self) -> bool: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Options:
+    """More settings of a journaling consumer process (picklable)."""
+
+    partitions: int | None = None
+    durability: Literal["primary", "replicated"] = "primary"
+    journal_key: str = JOURNAL_KEY
+    lease_ttl: float = 30.0
+
+
 def consume_in_process(
     url: str,
     queue: str,
@@ -368,6 +392,7 @@ def consume_in_process(
     ready: Flag,
     stop: Flag,
     retry_backoff: float = 1.0,
+    options: Options = Options(),
 ) -> None:
     """Target of a ``spawn`` child: consume *queue* until *stop* is set.
 
@@ -375,7 +400,15 @@ def consume_in_process(
     knowing every process competes for the tasks from the start.
     """
     anyio.run(
-        _consume, url, queue, concurrency, ready, stop, retry_backoff, backend="asyncio"
+        _consume,
+        url,
+        queue,
+        concurrency,
+        ready,
+        stop,
+        retry_backoff,
+        options,
+        backend="asyncio",
     )
 
 
@@ -386,10 +419,11 @@ async def _consume(
     ready: Flag,
     stop: Flag,
     retry_backoff: float,
+    options: Options,
 ) -> None:
-    client = redis.asyncio.Redis.from_url(url)
+    client = client_for(url)
     try:
-        journal = Journal(client)
+        journal = Journal(client, key=options.journal_key)
         async with aiogroupq.Consumer(
             url,
             queue=queue,
@@ -397,6 +431,9 @@ async def _consume(
             concurrency=concurrency,
             grace_period=10.0,
             retry_backoff=retry_backoff,
+            partitions=options.partitions,
+            durability=options.durability,
+            lease_ttl=options.lease_ttl,
         ):
             ready.set()
             # A multiprocessing Event cannot be awaited; polling it is cheap.
@@ -416,6 +453,7 @@ async def consumer_processes(
     processes: int = 3,
     concurrency: int = 8,
     retry_backoff: float = 1.0,
+    options: Options = Options(),
 ) -> AsyncIterator[list[multiprocessing.process.BaseProcess]]:
     """*processes* spawned consumer processes journaling their runs, all
     claiming when the block begins; stopped (and checked to exit 0) after."""
@@ -425,7 +463,7 @@ async def consumer_processes(
     procs = [
         ctx.Process(
             target=consume_in_process,
-            args=(url, queue, concurrency, ready, stop, retry_backoff),
+            args=(url, queue, concurrency, ready, stop, retry_backoff, options),
             daemon=True,  # never outlive a crashed test
         )
         for ready in readies
