@@ -116,10 +116,36 @@ def chaos(session: nox.Session) -> None:
 
 
 @nox.session
+def browser(session: nox.Session) -> None:
+    """The dashboard end to end in a real headless Chromium: the system's
+    (Debian: ``apt-get install chromium``; ``$AIOGROUPQ_CHROMIUM`` names
+    another), driven by Playwright, which downloads no browser of its own.
+
+    Its screenshots replace docs/images/dashboard-*.png. Without Chromium
+    the test is skipped and says why.
+    """
+    _install(session, "test,dashboard")
+    session.install(*nox.project.dependency_groups(PYPROJECT, "browser"))
+    session.run(
+        "pytest", "tests/test_dashboard_browser.py", "-p", "no:randomly", "-rs",
+        *session.posargs,
+        env={
+            "AIOGROUPQ_SCREENSHOTS": os.path.join(os.getcwd(), "docs", "images"),
+            # Playwright must never fetch a browser here (no network anyway).
+            "PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD": "1",
+        },
+    )  # fmt: skip
+
+
+@nox.session
 def docs(session: nox.Session) -> None:
     """Build the site into docs/_build/html, strictly: a broken link or
     cross-reference, or a public name missing from the API page, fails it."""
-    session.install("-e", ".", *nox.project.dependency_groups(PYPROJECT, "docs"))
+    # The extras' modules are documented too: autodoc imports them.
+    session.install(
+        "-e", ".[dashboard,prometheus,otel]",
+        *nox.project.dependency_groups(PYPROJECT, "docs"),
+    )  # fmt: skip
     session.run(
         "sphinx-build", "-E", "-n", "-W", "--keep-going", "-b", "html",
         "docs", "docs/_build/html", *session.posargs,
@@ -137,18 +163,27 @@ assert "site-packages" in str(package), package
 lua = sorted(p.name for p in package.joinpath("_lua").iterdir() if p.name.endswith(".lua"))
 assert lua == sys.argv[1].split(","), (lua, sys.argv[1])
 assert package.joinpath("py.typed").is_file(), "py.typed missing"
+dashboard = package.joinpath("_dashboard")
+shipped = sorted(
+    f"{folder}/{p.name}"
+    for folder in ("templates", "static")
+    for p in dashboard.joinpath(folder).iterdir()
+)
+assert shipped == sys.argv[2].split(","), (shipped, sys.argv[2])
 meta = metadata("aiogroupq")
 assert (meta["License-Expression"], meta["License-File"]) == ("MIT", "LICENSE"), meta
 out = subprocess.run(["aiogroupq", "--version"], capture_output=True, text=True, check=True)
 assert out.stdout == f"aiogroupq {aiogroupq.__version__}\\n", out.stdout
-print("wheel OK:", aiogroupq.__version__, len(lua), "Lua scripts, py.typed")
+print("wheel OK:", aiogroupq.__version__, len(lua), "Lua scripts,",
+      len(shipped), "dashboard files, py.typed")
 """
 
 
 @nox.session
 def wheel(session: nox.Session) -> None:
     """Build the sdist and the wheel, install the wheel into this environment
-    (not editable) and check that the Lua scripts and py.typed are in it."""
+    (not editable) and check that the Lua scripts, the dashboard's templates
+    and static files, and py.typed are in it."""
     session.install("build")
     dist = os.path.join(session.create_tmp(), "dist")
     shutil.rmtree(dist, ignore_errors=True)
@@ -158,5 +193,12 @@ def wheel(session: nox.Session) -> None:
     lua = ",".join(
         sorted(os.path.basename(p) for p in glob.glob("aiogroupq/_lua/*.lua"))
     )
+    assets = ",".join(
+        sorted(
+            os.path.relpath(p, "aiogroupq/_dashboard")
+            for folder in ("templates", "static")
+            for p in glob.glob(f"aiogroupq/_dashboard/{folder}/*")
+        )
+    )
     session.chdir(session.create_tmp())
-    session.run("python", "-c", _WHEEL_CHECK, lua)
+    session.run("python", "-c", _WHEEL_CHECK, lua, assets)

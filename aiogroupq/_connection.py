@@ -64,14 +64,19 @@ OWN_SOCKET_TIMEOUT: Final = 10.0
 #: connect timeout of clients we create
 OWN_CONNECT_TIMEOUT: Final = 2.0
 #: re-sends of an idempotent command after a connection error, with a random
-#: backoff of at most 100 ms doubling to 1 s: at most 3.5 s of waiting in
-#: all, and cut short by :data:`CALL_BUDGET`
-OWN_RETRIES: Final = 6
+#: backoff of at most 50 ms doubling to 1 s: no count, since
+#: :data:`CALL_BUDGET` ends them. A count ran out on refused connections
+#: (each refusal is instant) after about 1.3 s, before a restarting Redis
+#: was back.
+OWN_RETRIES: Final = -1
 #: seconds one Redis round trip of a producer call (or of ``check_queue``,
 #: or of a consumer's start-up checks) may take, re-sends and reconnects
 #: included, before it fails with RedisUnavailableError: the time a caller
 #: waits after Redis stops answering (down, frozen, cut off)
 CALL_BUDGET: Final = 5.0
+#: re-sends of a cluster client's own connection layer, each after a refresh
+#: of the cluster's topology (our backoff and budget are _BoundedCluster's)
+_CLUSTER_RESENDS: Final = 3
 
 # redis-py counts a refused password as a ConnectionError and retries it;
 # waiting does not make a password right.
@@ -263,6 +268,23 @@ async def open_client(redis: RedisLike, *, retry: bool) -> AsyncIterator[Client]
         check_borrowed(redis)
         yield redis
         return
+    client = new_client(redis, retry=retry)
+    try:
+        yield client
+    finally:
+        # Also when we are being cancelled: else the connection leaks.
+        with anyio.CancelScope(shield=True):
+            await client.aclose()
+
+
+def new_client(redis: object, *, retry: bool) -> Client:
+    """A client of our own for the URL *redis* (the caller closes it); it
+    connects on its first command.
+
+    :param retry: as for :func:`open_client`
+    :raises ConfigurationError: for anything but a usable ``redis://`` or
+        ``redis+cluster://`` URL
+    """
     if not isinstance(redis, str):
         raise ConfigurationError(
             f"expected a redis:// URL or a redis.asyncio.Redis client, got {redis!r}"
@@ -277,8 +299,10 @@ async def open_client(redis: RedisLike, *, retry: bool) -> AsyncIterator[Client]
     try:
         if redis.partition("://")[0].lower() in CLUSTER_SCHEMES:
             # The cluster client re-sends after a connection error only to
-            # find the new topology; our own retrying is _BoundedCluster's.
-            kwargs["retry"] = Retry(NoBackoff(), OWN_RETRIES if retry else 0)
+            # find the new topology; our own retrying is _BoundedCluster's,
+            # which CALL_BUDGET bounds (so a count here, not OWN_RETRIES'
+            # "forever").
+            kwargs["retry"] = Retry(NoBackoff(), _CLUSTER_RESENDS if retry else 0)
             client = _cluster_from_url(redis, kwargs, retry=retry)
         else:
             kwargs["retry"] = (
@@ -291,12 +315,7 @@ async def open_client(redis: RedisLike, *, retry: bool) -> AsyncIterator[Client]
         raise ConfigurationError(
             f"unusable Redis URL {safe_url(redis)!r}: {_redact(str(exc), redis)}"
         ) from None  # the parser's traceback would show the URL again
-    try:
-        yield client
-    finally:
-        # Also when we are being cancelled: else the connection leaks.
-        with anyio.CancelScope(shield=True):
-            await client.aclose()
+    return client
 
 
 def as_aiogroupq_error(exc: BaseException) -> AiogroupqError | None:
@@ -382,7 +401,7 @@ async def check_server(client: Client, *, eviction: bool = True) -> None:
     """
     with translated_errors():
         if isinstance(client, RedisCluster):
-            await _bounded(client.initialize())
+            await _bounded(client.initialize)
             async with anyio.create_task_group() as tg:
                 for node in client.get_primaries():
                     tg.start_soon(_check_node, client, node, eviction)
@@ -391,7 +410,9 @@ async def check_server(client: Client, *, eviction: bool = True) -> None:
         # check (a consumer replacing a stalled one recovers its tasks sooner).
         # The PING comes first so that a refused password or database
         # reads as such, not as the refusal of a later command.
-        ping, hello, *policy = await _bounded(_probe(client, eviction=eviction))
+        ping, hello, *policy = await _bounded(
+            functools.partial(_probe, client, eviction=eviction)
+        )
         if isinstance(ping, Exception):
             raise ping
         if _hello_field(hello, "mode") == "cluster":
@@ -407,7 +428,9 @@ async def check_server(client: Client, *, eviction: bool = True) -> None:
 async def _check_node(client: RedisCluster, node: ClusterNode, eviction: bool) -> None:
     async def run(*args: Any) -> Any:
         try:
-            return await _bounded(client.execute_command(*args, target_nodes=node))
+            return await _bounded(
+                functools.partial(client.execute_command, *args, target_nodes=node)
+            )
         except rexc.ResponseError as exc:
             return exc
 
@@ -444,12 +467,25 @@ async def _probe(client: Redis, *, eviction: bool) -> list[Any]:
         return replies
 
 
-async def _bounded(call: Awaitable[T]) -> T:
-    # The consumer's own client does not bound its calls (it retries at its
-    # own layer), so its start-up checks are bounded here.
+async def _bounded(call: Callable[[], Awaitable[T]]) -> T:
+    # The consumer's own client neither bounds nor re-sends its calls (it
+    # retries at its own layer), so its start-up checks are bounded here, and
+    # tried again while connections are refused or dropped: a consumer
+    # started during a Redis restart waits for it, as a producer's call does.
+    wait, detail = 0.05, "no reply"
     with anyio.move_on_after(CALL_BUDGET):
-        return await call
-    raise RedisUnavailableError(f"no reply from Redis within {CALL_BUDGET:g} s")
+        while True:
+            try:
+                return await call()
+            except (rexc.ConnectionError, rexc.TimeoutError) as exc:
+                if isinstance(exc, _NOT_TRANSIENT):
+                    raise
+                detail = str(exc) or type(exc).__name__
+            await anyio.sleep(wait)
+            wait = min(wait * 2, 1.0)
+    raise RedisUnavailableError(
+        f"no answer from Redis within {CALL_BUDGET:g} s ({detail})"
+    )
 
 
 def _version(text: object) -> tuple[int, int] | None:
@@ -483,7 +519,7 @@ async def _info_version(client: Redis) -> tuple[int, int] | None:
     """The server's (major, minor) from INFO (HELLO refused: Redis < 6, or
     an ACL without it); None if no command may tell it."""
     try:
-        info: Any = await _bounded(client.info("server"))
+        info: Any = await _bounded(functools.partial(client.info, "server"))
     except rexc.ResponseError:
         logger.warning(
             "could not read the server's version (HELLO and INFO refused); "
@@ -537,18 +573,25 @@ async def check_replicas(client: Client) -> None:
     """
     with translated_errors():
         if isinstance(client, RedisCluster):
-            await _bounded(client.initialize())
+            await _bounded(client.initialize)
             targets: list[ClusterNode | None] = list(client.get_primaries())
         else:
             targets = [None]
         for node in targets:
             try:
                 if node is None:
-                    info: Any = await _bounded(client.info("replication"))
+                    info: Any = await _bounded(
+                        functools.partial(client.info, "replication")
+                    )
                 else:
                     assert isinstance(client, RedisCluster)
                     info = await _bounded(
-                        client.execute_command("INFO", "replication", target_nodes=node)
+                        functools.partial(
+                            client.execute_command,
+                            "INFO",
+                            "replication",
+                            target_nodes=node,
+                        )
                     )
             except rexc.ResponseError as exc:
                 logger.warning(

@@ -112,6 +112,8 @@ class FetchContext:
     counts: dict[str, int]
     #: tasks a script dead-lettered on its own (for on_dead)
     dead_elsewhere: Callable[[Client, Sequence[str]], None]
+    #: tasks a claim ended expired (for their events)
+    expired: Callable[[Sequence[str]], None]
     #: claimed tasks to hand back unstarted (a claim no replica acknowledged)
     hand_back: Callable[[Running], None]
 
@@ -223,6 +225,8 @@ class Fetcher:
                         problem,
                     )
                 ctx.dead_elsewhere(client, reply.dead)
+                if reply.expired:
+                    ctx.expired(reply.expired)
                 deadline = sent_at + ctx.local_lease()
                 for claimed in reply.tasks:
                     running = Running(claimed)

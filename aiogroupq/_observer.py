@@ -56,6 +56,9 @@ class EventKind(enum.StrEnum):
     #: the consumer lost the task's lease: its handler was cancelled, or its
     #: outcome was refused
     LEASE_LOST = "lease_lost"
+    #: recorded: a claim found the task past its ``expires`` time, never
+    #: started, and ended it (only ``task_id`` is known)
+    EXPIRED = "expired"
     #: the event loop did not run for ``duration`` seconds; ``task_type`` and
     #: ``task_id`` name the handler that held it, when it was one
     LOOP_BLOCKED = "loop_blocked"

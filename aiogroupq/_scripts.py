@@ -407,6 +407,7 @@ class ClaimReply:
     now_ms: int = 0  # the server's clock when it ran
     dead: tuple[str, ...] = ()  # tasks it dead-lettered (on_dead)
     problems: tuple[str, ...] = ()  # damaged keys it met
+    expired: tuple[str, ...] = ()  # tasks it ended expired
     replicated: bool = True  # enough replicas acknowledged it (if asked)
 
 
@@ -469,7 +470,7 @@ async def claim(
             int(reply[i + 5]),
             int(reply[2]),
         )
-        for i in range(5, len(reply), 6)
+        for i in range(6, len(reply), 6)
     ]
     return ClaimReply(
         tasks,
@@ -478,6 +479,7 @@ async def claim(
         int(reply[2]),
         _texts(reply[3]),
         _texts(reply[4]),
+        _texts(reply[5]),
         replicated,
     )
 

@@ -48,7 +48,8 @@ throwaway server (or ``--redis-url``) and verifies it from a journal.
 
 The operator commands (``stats``, ``groups``, ``group``, ``task``,
 ``consumers``, ``dead``, ``release``, ``pause``, ``resume``, ``cancel``) are
-in ``_cli_ops.py``.
+in ``_cli_ops.py``; ``aiogroupq dashboard`` (the web dashboard) is in
+``_cli_dashboard.py``.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ from typing import TYPE_CHECKING, Any, Final
 import anyio
 from redis.exceptions import RedisError
 
-from . import __version__, _cli_ops
+from . import __version__, _cli_dashboard, _cli_ops
 from ._connection import safe_url
 from ._fsck import DEFAULT_MAX_PAYLOAD, examine_partitions
 from ._handlers import build_routes
@@ -127,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.command in _cli_ops.COMMANDS:
         return _cli_ops.run(args)
+    if args.command == "dashboard":
+        return _cli_dashboard.run(args)
     try:
         if args.command == "worker":
             return _worker(args)
@@ -268,6 +271,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--redis-url", help="a server to use (default: a throwaway one)")
     _cli_ops.add_commands(commands, DEFAULT_REDIS_URL)
+    _cli_dashboard.add_command(commands, DEFAULT_REDIS_URL)
     for command, flag, kind, default, text in (
         (worker, "--concurrency", _positive_int, 64, "handlers at once per process"),
         (worker, "--processes", _positive_int, 1, "worker processes"),
@@ -510,9 +514,35 @@ async def _serve(spec: str, target: Target, args: argparse.Namespace) -> None:
                 tg.start_soon(_watch_parent, args.parent_pid, stop)
             try:
                 with run_scope, _metrics(args) as observers:
+                    if observers and args.queue is not None:
+                        tg.start_soon(_queue_gauges, args, observers[0])
                     await _consume(spec, target, args, stop, observers)
             finally:
                 tg.cancel_scope.cancel()
+
+
+async def _queue_gauges(args: argparse.Namespace, observer: Observer) -> None:
+    """With --metrics-port: keep the queue's counts as gauges, from one
+    ``Admin.stats()`` call every few seconds (each counts every consumer's
+    tasks, so any one worker's metrics show the whole queue)."""
+    from .admin import Admin
+    from .prometheus import PrometheusObserver
+
+    assert isinstance(observer, PrometheusObserver)
+    async with Admin(args.redis_url, queue=args.queue) as admin:
+
+        async def read() -> dict[str, int]:
+            stats = await admin.stats()
+            return {
+                "ready": stats.ready,
+                "parked": stats.parked,
+                "held": stats.held,
+                "delayed": stats.delayed,
+                "running": stats.running,
+                "dead": stats.dead,
+            }
+
+        await observer.watch_queue(args.queue, read)
 
 
 async def _consume(

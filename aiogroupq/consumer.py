@@ -108,7 +108,9 @@ class Consumer:
     while it runs raises :class:`~aiogroupq.ConsumerRunningError`.
 
     Entering checks the server (version, eviction policy, credentials) and
-    takes the consumer's name; see :meth:`__aenter__` for what it raises.
+    takes the consumer's name: it raises :class:`~aiogroupq.RedisUnavailableError`,
+    :class:`~aiogroupq.AuthenticationError` or a
+    :class:`~aiogroupq.ConfigurationError` when it cannot start.
 
     :param redis: a ``redis://`` URL, or a ``redis.asyncio.Redis`` client to
         borrow (never closed by us; must have ``decode_responses=False``)
@@ -473,6 +475,7 @@ class Consumer:
             running=self._running,
             counts=self._counts,
             dead_elsewhere=self._dead_elsewhere,
+            expired=self._expired,
             hand_back=lambda running: self._hand_back(running, self._finisher),
         )
         self._telemetry.banner(
@@ -543,6 +546,10 @@ class Consumer:
         if notice is not None and self._on_dead is not None:
             self._dead_notices[outcome.id] = notice
         self._finisher.submit(outcome)
+
+    def _expired(self, ids: Sequence[str]) -> None:
+        for task_id in ids:
+            self._telemetry.emit(EventKind.EXPIRED, None, task_id=task_id)
 
     def _dead_elsewhere(self, client: Client, ids: Sequence[str]) -> None:
         """Call on_dead for tasks a script dead-lettered on its own (a lease

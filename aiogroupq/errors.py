@@ -89,8 +89,8 @@ class AuthenticationError(ConfigurationError):
 
 class PermissionDeniedError(ConfigurationError):
     """The Redis user may not run a command or touch a key the queue needs
-    (an ACL ``NOPERM`` reply); see "Running with least privilege" in
-    docs/guarantees.md for the rule a queue's user needs."""
+    (an ACL ``NOPERM`` reply); the operations page of the docs gives the
+    exact rule a queue's user needs."""
 
     def __init__(self, detail: str) -> None:
         super().__init__(

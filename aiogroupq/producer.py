@@ -269,7 +269,7 @@ class Producer(anyio.AsyncContextManagerMixin):
 
         Tasks of one group keep the order they have in *tasks*. Every task is
         checked before anything is sent: one bad task refuses the whole batch.
-        One call takes at most :data:`MAX_BATCH` (1,000) tasks, so that the
+        One call takes at most 1,000 tasks, so that the
         atomic script stays short; split larger batches.
 
         :raises InvalidTaskError: (or a subclass) for the first bad task;

@@ -56,6 +56,7 @@ _COUNTED: Final = {
     EventKind.DEAD: "Tasks dead-lettered.",
     EventKind.CANCELLED: "Tasks cancelled while running, on request.",
     EventKind.HANDED_BACK: "Tasks handed back unfinished at shutdown.",
+    EventKind.EXPIRED: "Tasks that expired before they started (ended by a claim).",
     EventKind.LEASE_LOST: "Attempts whose lease was lost (handler cancelled "
     "or outcome refused).",
 }

@@ -38,6 +38,7 @@ nitpicky = True
 _EXTERNAL = ("redis", "msgspec", "anyio", "datetime", "collections", "typing", "enum")
 # The extras' dependencies and the standard library's context managers.
 _EXTERNAL += ("contextlib", "threading", "prometheus_client", "opentelemetry")
+_EXTERNAL += ("starlette",)
 nitpick_ignore_regex = [
     (r"py:.*", rf"({'|'.join(_EXTERNAL)})\..+"),
     (r"py:class", r"aiogroupq\._\w+\.T"),  # a TypeVar, documented by its use
@@ -51,6 +52,7 @@ nitpick_ignore = [
         *("timedelta", "datetime", "RedisLike", "HandlerFunc", "dict[str"),
         *("AbstractContextManager", "WSGIServer"),
         *("Slot", "GroupSort"),  # Literal aliases, spelled out in the docstrings
+        *("AuthCheck", "Starlette"),  # the dashboard's, spelled out in its docstring
     )
 ]
 

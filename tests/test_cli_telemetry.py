@@ -183,6 +183,12 @@ async def test_metrics_port_serves_the_counts_of_a_known_workload(
                     break
                 await anyio.sleep(0.05)
     print(f"\nscraped after the workload: {got}")  # noqa: T201
+    # The queue's counts, as gauges read from Admin.stats() every few seconds.
+    dead = ("aiogroupq_queue_tasks", frozenset({("queue", queue), ("state", "dead")}))
+    async with httpx.AsyncClient() as http:
+        with anyio.fail_after(PATIENCE):
+            while samples((await http.get(url)).text).get(dead) != 1.0:
+                await anyio.sleep(0.2)
     assert "serving Prometheus metrics on port" in await stop(worker)
 
 

@@ -18,7 +18,8 @@ from aiohttp.test_utils import TestClient, TestServer
 
 import aiogroupq
 from aiogroupq.testing import drain
-from examples import aiohttp_app, fastapi_app
+from examples import aiohttp_app, dashboard_app, fastapi_app
+from tests._web import serving
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -95,6 +96,60 @@ async def test_aiohttp_app_enqueues_and_reports_status(
         assert (await http.post("/imports", json={"rows": []})).status == 400
 
 
+async def test_the_dashboard_mounted_in_fastapi_behind_basic_auth(
+    redis_url: str, redis_client: redis.asyncio.Redis
+) -> None:
+    async with aiogroupq.Producer(redis_client, queue=dashboard_app.QUEUE) as producer:
+        await producer.enqueue("import_rows", ["a"], group="42:orders")
+    app = dashboard_app.create_app(redis_url, operators={"ops": "s3cret-pass"})
+    with serving(app) as url:
+        async with httpx.AsyncClient(base_url=url, headers={"origin": url}) as http:
+            assert (await http.get("/health")).json() == {"status": "ok"}
+            anonymous = await http.get("/dashboard/")
+            assert anonymous.status_code == 401
+            assert anonymous.headers["www-authenticate"].startswith("Basic")
+            wrong = await http.get("/dashboard/", auth=("ops", "guess"))
+            assert wrong.status_code == 401
+
+            http.auth = ("ops", "s3cret-pass")
+            page = await http.get("/dashboard/q/imports")
+            assert page.status_code == 200
+            # Its links, assets and cookies live under the mount path.
+            assert 'href="/dashboard/q/imports/groups"' in page.text
+            assert 'src="/dashboard/static/dashboard.js"' in page.text
+            (cookie,) = http.cookies.jar
+            assert (cookie.name, cookie.path) == ("aiogroupq_csrf", "/dashboard/")
+            assert (
+                await http.get("/dashboard/static/dashboard.css")
+            ).status_code == 200
+            group = await http.get(
+                "/dashboard/q/imports/group", params={"name": "42:orders"}
+            )
+            assert "waits for a free consumer" in group.text
+
+            csrf = http.cookies["aiogroupq_csrf"]
+            paused = await http.post(
+                "/dashboard/q/imports/group/pause",
+                data={
+                    "csrf": csrf,
+                    "name": "42:orders",
+                    "next": "/dashboard/q/imports",
+                },
+            )
+            assert paused.status_code == 303
+            assert paused.headers["location"] == "/dashboard/q/imports"
+            # Basic credentials ride along on a cross-site form too: the
+            # CSRF checks are what refuses it.
+            forged = await http.post(
+                "/dashboard/q/imports/group/resume",
+                data={"name": "42:orders"},
+                headers={"origin": "https://evil.example"},
+            )
+            assert forged.status_code == 403
+    async with aiogroupq.Admin(redis_client, queue=dashboard_app.QUEUE) as admin:
+        assert (await admin.group_settings("42:orders")).paused
+
+
 @pytest.mark.slow
 def test_the_testing_example_project_passes() -> None:
     """``examples/testing`` is a user's project: its own pytest.ini and a
@@ -126,3 +181,22 @@ def test_the_testing_docs_quote_the_example_files_verbatim() -> None:
     for path, body in blocks:
         source = (ROOT / path).read_text()
         assert body.strip() in source, f"docs/testing.md quotes {path} wrongly"
+
+
+def test_the_dashboard_docs_quote_the_example_verbatim() -> None:
+    """The code blocks of docs/usage.md that name examples/dashboard_app.py
+    are verbatim excerpts of it, and the screenshots they show exist."""
+    text = (ROOT / "docs" / "usage.md").read_text()
+    blocks = re.findall(
+        r"^```\w*\n# (examples/dashboard_app.py)\n(.*?)^```$",
+        text,
+        re.MULTILINE | re.DOTALL,
+    )
+    assert len(blocks) == 2, blocks
+    source = (ROOT / "examples" / "dashboard_app.py").read_text()
+    for _, body in blocks:
+        assert body.strip() in source, "docs/usage.md quotes the example wrongly"
+    images = re.findall(r"\]\((images/dashboard-[a-z]+\.png)\)", text)
+    assert len(set(images)) == 7, images
+    for image in images:
+        assert (ROOT / "docs" / image).read_bytes().startswith(b"\x89PNG"), image

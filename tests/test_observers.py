@@ -177,6 +177,28 @@ async def test_cancel_hand_back_and_lease_loss_events(
         assert (ended.task_type, ended.attempt) == ("hold", 1)
 
 
+async def test_an_expired_task_is_an_event(redis_client: redis.asyncio.Redis) -> None:
+    recorder = Recorder()
+    blocker_started, release = anyio.Event(), anyio.Event()
+
+    async def hold() -> None:
+        blocker_started.set()
+        await release.wait()
+
+    async with aiogroupq.Producer(redis_client, queue=QUEUE) as producer:
+        await producer.enqueue("hold", group="g")
+        late = await producer.enqueue("hold", group="g", expires=0.05)
+        async with aiogroupq.Consumer(
+            redis_client, queue=QUEUE, handlers={"hold": hold}, observers=[recorder]
+        ):
+            with anyio.fail_after(PATIENCE):
+                await blocker_started.wait()
+            await anyio.sleep(0.1)  # past the second task's expiry
+            release.set()
+            await wait_state(producer, late, TaskState.EXPIRED)
+    assert recorder.kinds(late) == [EventKind.EXPIRED]
+
+
 async def test_headers_reach_the_handler(redis_client: redis.asyncio.Redis) -> None:
     recorder = Recorder(headers={"traceparent": "00-abc-def-01"})
     seen: list[Mapping[str, str]] = []

@@ -77,6 +77,47 @@ async def test_expired_lease_recovered_by_another_consumer(
         assert await producer.status(first) is aiogroupq.TaskState.SUCCEEDED
 
 
+async def test_on_dead_hears_of_a_lease_that_expired_on_the_last_attempt(
+    redis_client: redis.asyncio.Redis,
+) -> None:
+    """A consumer that dies on a task's last attempt cannot call its own
+    on_dead: the consumer whose claim recovers the lease and dead-letters the
+    task calls its on_dead with the dead letter."""
+    keys = QueueKeys(QUEUE)
+    async with aiogroupq.Producer(redis_client, queue=QUEUE) as producer:
+        task_id = await producer.enqueue("h", 7, group="g", max_attempts=1)
+    # "gone" claims it and is never heard of again; its lease is over at once.
+    reply = await _scripts.claim(
+        redis_client, keys, "gone", k=1, lease_ms=1, scan_limit=5
+    )
+    assert [t.id for t in reply.tasks] == [task_id]
+    await anyio.sleep(0.01)
+    letters: list[aiogroupq.DeadLetter] = []
+    heard = anyio.Event()
+
+    async def on_dead(letter: aiogroupq.DeadLetter) -> None:
+        letters.append(letter)
+        heard.set()
+
+    async def h(n: int) -> None:
+        raise AssertionError("a task dead on its last attempt must not run")
+
+    async with aiogroupq.Consumer(
+        redis_client, queue=QUEUE, handlers={"h": h}, on_dead=on_dead
+    ):
+        with anyio.fail_after(10):
+            await heard.wait()
+    (letter,) = letters
+    assert (letter.id, letter.group, letter.type, letter.attempts) == (
+        task_id,
+        "g",
+        "h",
+        1,
+    )
+    assert "lease expired on the last attempt" in letter.reason
+    assert letter.payload == 7
+
+
 async def test_stalled_consumer_loses_lease_and_its_ack_is_refused(
     redis_client: redis.asyncio.Redis,
 ) -> None:

@@ -688,7 +688,7 @@ async def test_claim_resent_with_its_nonce_claims_nothing_more(
     await enqueue(redis_client, new("a", "g1"), new("b", "g2"), new("c", "g3"))
     # Record one claim call's exact arguments (nonce included), then send
     # them twice, as redis-py does when it retries after a lost reply.
-    recorder = _Recorder([-1, 0, 0, [], []])
+    recorder = _Recorder([-1, 0, 0, [], [], []])
     await _scripts.claim(
         cast("redis.asyncio.Redis", recorder),
         KEYS,
@@ -700,16 +700,16 @@ async def test_claim_resent_with_its_nonce_claims_nothing_more(
     source = _scripts.CLAIM.source.decode()
     first = await redis_client.eval(source, *recorder.args)
     again = await redis_client.eval(source, *recorder.args)
-    # Tasks from index 5 on, six values each: id, envelope, attempt, token, ...
-    assert first[5:] == again[5:]
-    assert [_s(first[5]), _s(first[11])] == ["a", "b"]
+    # Tasks from index 6 on, six values each: id, envelope, attempt, token, ...
+    assert first[6:] == again[6:]
+    assert [_s(first[6]), _s(first[12])] == ["a", "b"]
     assert await lrange(redis_client, KEYS.ready) == ["c"]  # not claimed twice
     assert await field(redis_client, "a", "a") == "1"
     assert (await stats(redis_client))["started"] == 2
     # A task finished since is not handed out again by a late re-send.
-    await finish(redis_client, _scripts.Outcome("a", int(first[8]), "ok"))
+    await finish(redis_client, _scripts.Outcome("a", int(first[9]), "ok"))
     late = await redis_client.eval(source, *recorder.args)
-    assert [_s(x) for x in late[5::6]] == ["b"]
+    assert [_s(x) for x in late[6::6]] == ["b"]
     # A new call (a new nonce) claims on.
     assert (await claim_one(redis_client)).id == "c"
     await assert_consistent(redis_client)

@@ -210,6 +210,26 @@ async def test_drain_reports_every_outcome(redis_client: redis.asyncio.Redis) ->
     assert [letter.id for letter in dead_letters] == [broken_.id]
 
 
+async def test_drain_waits_for_prioritised_tasks_too(
+    redis_client: redis.asyncio.Redis,
+) -> None:
+    """Once a queue uses priorities its runnable tasks wait in another key;
+    drain must not mistake the queue for idle."""
+
+    async def work(payload: int) -> None:
+        await anyio.sleep(0.01)
+
+    async with aiogroupq.Producer(redis_client, queue=QUEUE) as producer:
+        await producer.enqueue_many(
+            aiogroupq.Task("work", n, priority=n % 3 * 4) for n in range(30)
+        )
+    outcomes = await drain(
+        redis_client, queue=QUEUE, handlers={"work": work}, concurrency=2
+    )
+    assert len(outcomes) == 30
+    assert {o.state for o in outcomes} == {aiogroupq.TaskState.SUCCEEDED}
+
+
 async def test_drain_keeps_group_order(redis_client: redis.asyncio.Redis) -> None:
     rng = random.Random(7)
 

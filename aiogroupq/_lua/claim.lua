@@ -15,7 +15,7 @@
               after a lost reply) is answered with the tasks the first one
               claimed, instead of claiming more
   ARGV[9]     retention of expired and cancelled tasks in ms
-  returns  {wait_ms, more, now_ms, {dead ids}, {problems},
+  returns  {wait_ms, more, now_ms, {dead ids}, {problems}, {expired ids},
             id1, envelope1, attempt1, token1, due1, max_attempts1, id2, ...}
            wait_ms: ms until the next delayed task (or rate-limited
            group) is due, -1 if none
@@ -23,6 +23,7 @@
            dead ids: tasks this call dead-lettered (lease expired on the
            last attempt, damaged keys), for the consumer's on_dead
            problems: damaged keys met (entries dropped), to log
+           expired ids: tasks this call ended "expired" (for metrics)
            due: when the task became runnable (server ms)
            max_attempts: the task's own (the hash's, which recovery uses)
   Effects: (a) each expired lease's task goes back to the front as its
@@ -61,8 +62,8 @@ if fence and not tonumber(fence) then
   return corrupt(K_FENCE, 'not an integer counter')
 end
 local now = now_ms()
-local out = { -1, 0, now, {}, {} }
-local dead_ids, problems = out[4], out[5]
+local out = { -1, 0, now, {}, {}, {} }
+local dead_ids, problems, expired_ids = out[4], out[5], out[6]
 
 -- The reply's tail: is more runnable, and when is the next delayed task due.
 local function reply()
@@ -160,6 +161,7 @@ local function promote(id)
   local level = tonumber(f[5]) or 0
   if m then -- a retry: its group waited for it
     if expired then
+      expired_ids[#expired_ids + 1] = id
       readied = readied + expire(id, G, true, now, retention)
     else
       set_mark(G, id, '@')
@@ -171,6 +173,7 @@ local function promote(id)
   end
   if G then G.d, G.dirty = G.d - 1, true end
   if expired then
+    expired_ids[#expired_ids + 1] = id
     expire(id, nil, false, now, retention)
     return
   end
@@ -226,6 +229,7 @@ local function take(id)
   local attempt = tonumber(f[4] or 0)
   local xp = tonumber(f[6])
   if xp and attempt == 0 and now >= xp then
+    expired_ids[#expired_ids + 1] = id
     readied = readied + expire(id, G, G ~= nil, now, retention)
     return
   end

@@ -247,23 +247,27 @@ async def _part_backlog(
     """The only place that reads the queue's keys (port it with the layout).
 
     One MULTI, so that the counts are one consistent snapshot: a task moves
-    between ready, leases and delayed only inside a script, so it is counted
-    exactly once. Parked tasks need no scan: a group has parked tasks only
-    while its head is ready, running or delayed (counted here) or while the
-    group is halted behind a dead letter (which nothing will run).
+    between the ready list (``ready``, or ``pready`` once priorities are
+    used), leases and delayed only inside a script, so it is counted exactly
+    once. Tasks in a group's line need no scan: a group has a line only while
+    all its slots are taken by tasks ready, running or delayed (counted
+    here), or while it is paused or halted (which nothing will run until an
+    operator acts); a group out of its rate has a wake-up in ``delayed``.
     """
     seconds, micros = await client.time(**node_of(client, keys.ready))
     now_ms = int(seconds) * 1000 + int(micros) // 1000
     ids = list(task_ids)
     async with client.pipeline(transaction=True) as pipe:
         pipe.llen(keys.ready)
+        pipe.zcard(keys.pready)
         pipe.zcard(keys.leases)
         pipe.zcount(keys.delayed, "-inf", now_ms)
         pipe.zcard(keys.delayed)
         for task_id in ids:
             # s: state, x: last error (the dead-letter reason of a dead task)
             pipe.hmget(keys.task(task_id), "s", "x")
-        ready, running, due, delayed, *fields = await pipe.execute()
+        ready, pready, running, due, delayed, *fields = await pipe.execute()
+    ready = int(ready) + int(pready)
     states: dict[str, tuple[TaskState | None, str | None]] = {}
     for task_id, (state, reason) in zip(ids, fields, strict=True):
         states[task_id] = (

@@ -524,8 +524,15 @@ def judge(
                 if run.pid != pid or not (run.start.clock < p_clock < run.end_clock):
                     continue
                 v.stalled_runs += 1
+                # Taken over: another run of the task started while this one
+                # was stalled or still open. (A run that starts after this one
+                # ended is a re-run the stall explains, not a take-over: e.g.
+                # this one wrote while its token still owned the task, then
+                # its outcome was refused because its lease had run out.)
                 taken = any(
-                    r is not run and r.start.clock > p_clock and r.start.fresh
+                    r is not run
+                    and p_clock < r.start.clock < run.end_clock
+                    and r.start.fresh
                     for r in by_task[run.task_id]
                 )
                 if not taken:

@@ -136,9 +136,17 @@ async def _serve(args: argparse.Namespace) -> None:
                 retry_backoff=0.05,
                 retry_backoff_max=0.5,
             )
-            async with consumer:
-                (workdir / f"ready-{os.getpid()}").touch()
-                await stop.wait()
+            # As 'aiogroupq worker' does: a consumer (re)started while Redis
+            # restarts or its connection drops waits for it instead of exiting.
+            while not stop.is_set():
+                try:
+                    async with consumer:
+                        (workdir / f"ready-{os.getpid()}").touch()
+                        await stop.wait()
+                except aiogroupq.RedisUnavailableError:
+                    logging.getLogger(__name__).warning("Redis unreachable at start")
+                    with anyio.move_on_after(0.5):
+                        await stop.wait()
             tg.cancel_scope.cancel()
     stats = {
         "pid": os.getpid(),

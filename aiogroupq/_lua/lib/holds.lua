@@ -55,12 +55,12 @@ end
 -- When the group may start another task under its rate limit: 0 for now,
 -- else the server ms; nil if its rate key is damaged.
 local function rate_wait(G, now)
-  local key = k_rate(G.name)
-  local n = redis.pcall('LLEN', key)
-  if wrong_type(n) then return nil end
-  if n < G.rn then return 0 end
-  local nth = tonumber(redis.call('LINDEX', key, n - G.rn)) or 0
-  local free_at = nth + G.rp
+  -- The list holds at most rn starts, newest last: the rn-th newest, if
+  -- there is one, is the start whose window must pass first.
+  local nth = redis.pcall('LINDEX', k_rate(G.name), -G.rn)
+  if wrong_type(nth) then return nil end
+  if not nth then return 0 end
+  local free_at = (tonumber(nth) or 0) + G.rp
   if free_at <= now then return 0 end
   return free_at
 end

@@ -1,0 +1,1 @@
+"""The web dashboard's inside; the public entry is :mod:`aiogroupq.dashboard`."""
