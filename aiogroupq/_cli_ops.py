@@ -1,6 +1,6 @@
 """The operator commands of the ``aiogroupq`` command line: see what a queue
 is doing (stats, groups, group, task, consumers, dead list/show) and act on
-it (dead requeue/purge, release, pause, resume, cancel).
+it (dead requeue/purge, release, pause, resume, cancel, repartition).
 
 Every read command prints a table or a page for people, or JSON with
 ``--json``; ``stats --watch`` refreshes. Exit status: 0 done, 1 nothing to
@@ -39,7 +39,7 @@ from .producer import DEFAULT_RETENTION, Producer
 COMMANDS: Final = frozenset(
     {
         "stats", "groups", "group", "task", "dead", "release", "pause", "resume",
-        "cancel", "consumers",
+        "cancel", "consumers", "repartition",
     }
 )  # fmt: skip
 
@@ -213,6 +213,27 @@ def add_commands(
         "consumer at its next heartbeat.",
     )
     cancel.add_argument("task_id", metavar="ID")
+    repartition = command(
+        "repartition",
+        "change a live queue's partition count, keeping every group's order",
+        "Begin moving the queue to --to partitions (each group's tasks in its "
+        "old partition finish before its new partition starts any), then "
+        "finish the move once nothing holds it open; without --wait, only "
+        "report what still does (exit status 1). --finish alone finishes a "
+        "move begun earlier. See docs/scaling.md.",
+    )
+    repartition.add_argument(
+        "--to", type=_positive, metavar="K", help="the new partition count"
+    )
+    repartition.add_argument(
+        "--finish", action="store_true", help="finish a move begun earlier"
+    )
+    repartition.add_argument(
+        "--wait",
+        type=_seconds,
+        metavar="SECONDS",
+        help="keep trying to finish for up to this long",
+    )
 
 
 def _positive(text: str) -> int:
@@ -518,6 +539,28 @@ async def _cancel(
         print(f"cancelled task {args.task_id!r}")
 
 
+async def _repartition(
+    args: argparse.Namespace, client: Client, admin: Admin, producer: Producer
+) -> None:
+    if (args.to is None) != bool(args.finish):
+        raise _Usage("give either --to K (start, then finish) or --finish")
+    if args.to is not None:
+        await admin.start_repartition(args.to)
+        print(f"queue {args.queue!r}: moving to {args.to} partitions")
+    deadline = anyio.current_time() + (args.wait or 0.0)
+    while reasons := await admin.finish_repartition():
+        if anyio.current_time() >= deadline:
+            for reason in reasons:
+                print(f"  waiting: {reason}")
+            raise _Failed(
+                "the move is under way; run 'aiogroupq repartition --finish' "
+                "again (or with --wait SECONDS) once these are done"
+            )
+        await anyio.sleep(0.5)
+    parts, _ = await admin.partitions()
+    print(f"queue {args.queue!r}: {parts} partitions, the move is finished")
+
+
 _HANDLERS: Final = {
     "stats": _stats,
     "groups": _groups,
@@ -529,4 +572,5 @@ _HANDLERS: Final = {
     "pause": _pause,
     "resume": _pause,
     "cancel": _cancel,
+    "repartition": _repartition,
 }

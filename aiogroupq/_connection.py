@@ -18,6 +18,7 @@ import asyncio
 import functools
 import inspect
 import logging
+import os
 import random
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -149,7 +150,42 @@ def socket_timeout(client: Client) -> float | None:
     return None if value is None else float(value)
 
 
-class _BoundedCluster(RedisCluster):
+def _inside_redis_py(exc: BaseException) -> bool:
+    """Whether *exc* was raised by redis-py's own code (its innermost frame
+    is in the ``redis`` package), not by ours or the caller's."""
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return f"{os.sep}redis{os.sep}" in tb.tb_frame.f_code.co_filename
+
+
+@contextmanager
+def cluster_glitches() -> Iterator[None]:
+    """Raise an ``AttributeError`` or ``TypeError`` of redis-py's own code as
+    the ConnectionError it stands for. While a cluster fails over, redis-py's
+    cluster client may close a connection that another task is writing to,
+    which then fails with ``'NoneType' object has no attribute
+    'writelines'`` (redis-py issues 3546, 3835): a lost connection, which our
+    loops retry, not a bug of the caller."""
+    try:
+        yield
+    except (AttributeError, TypeError) as exc:
+        if not _inside_redis_py(exc):
+            raise
+        raise rexc.ConnectionError(f"connection lost mid-call ({exc})") from exc
+
+
+class _OwnCluster(RedisCluster):
+    """The cluster client of a consumer that aiogroupq made from a URL."""
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        with cluster_glitches():
+            return await super().execute_command(*args, **kwargs)
+
+
+class _BoundedCluster(_OwnCluster):
     """A :class:`RedisCluster` whose every command is bounded by
     :data:`CALL_BUDGET`, re-sent with backoff while the cluster fails over
     (the cluster client itself re-sends at once, without waiting for the
@@ -177,6 +213,33 @@ class _BoundedCluster(RedisCluster):
         raise rexc.TimeoutError(f"no reply from Redis within {CALL_BUDGET:g} s")
 
 
+async def resent_on_failover(client: Client, call: Callable[[], Awaitable[T]]) -> T:
+    """``call()``, sent again with backoff within :data:`CALL_BUDGET` while a
+    cluster client of ours (from a URL) meets a failover. For idempotent
+    calls whose commands bypass :class:`_BoundedCluster`'s own re-sending
+    (pipelines: the script and its ``WAIT``). Any other client: one try,
+    its own retry policy applies."""
+    if not isinstance(client, _BoundedCluster):
+        return await call()
+    backoff = 0.05
+    with anyio.move_on_after(CALL_BUDGET):
+        while True:
+            try:
+                return await call()
+            except _NOT_TRANSIENT:
+                raise
+            except (
+                rexc.ConnectionError,
+                rexc.TimeoutError,
+                rexc.ClusterDownError,
+                rexc.TryAgainError,
+                ConnectionError,
+            ):
+                await anyio.sleep(random.uniform(backoff / 2, backoff))
+                backoff = min(backoff * 2, 1.0)
+    raise rexc.TimeoutError(f"no reply from Redis within {CALL_BUDGET:g} s")
+
+
 def _cluster_from_url(url: str, kwargs: dict[str, object], *, retry: bool) -> Client:
     """A cluster client for a ``redis+cluster://[auth@]h1:p1[,h2:p2...][/0][?..]``
     URL: the first node is the URL redis-py parses, the others seed nodes."""
@@ -193,7 +256,7 @@ def _cluster_from_url(url: str, kwargs: dict[str, object], *, retry: bool) -> Cl
             raise ValueError(f"seed node {host!r} is not host:port")
         seeds.append(ClusterNode(name.strip("[]"), int(port)))
     base = "rediss" if scheme.startswith("rediss") else "redis"
-    cls = _BoundedCluster if retry else RedisCluster
+    cls = _BoundedCluster if retry else _OwnCluster
     return cls.from_url(
         f"{base}://{match['info'] or ''}{hosts[0]}{match['tail']}",
         startup_nodes=seeds,
@@ -402,9 +465,10 @@ async def check_server(client: Client, *, eviction: bool = True) -> None:
     with translated_errors():
         if isinstance(client, RedisCluster):
             await _bounded(client.initialize)
-            async with anyio.create_task_group() as tg:
-                for node in client.get_primaries():
-                    tg.start_soon(_check_node, client, node, eviction)
+            for node in client.get_primaries():
+                # One after another: the first refusal is raised as it is
+                # (not in an ExceptionGroup), and primaries are few.
+                await _check_node(client, node, eviction)
             return
         # One pipeline: starting a consumer must not cost a round trip per
         # check (a consumer replacing a stalled one recovers its tasks sooner).

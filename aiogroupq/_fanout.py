@@ -37,13 +37,21 @@ async def each_partition(
     if len(partitions) == 1:
         return [await call(partitions[0])]
     results: list[Any] = [None] * len(partitions)
+    failures: list[Exception] = []
 
     async def one(i: int) -> None:
-        results[i] = await call(partitions[i])
+        try:
+            results[i] = await call(partitions[i])
+        except Exception as exc:  # noqa: BLE001 - raised below, alone
+            failures.append(exc)
 
     async with anyio.create_task_group() as tg:
         for i in range(len(partitions)):
             tg.start_soon(one, i)
+    if failures:
+        # The first failure as it is, not in an ExceptionGroup: callers
+        # translate Redis errors into aiogroupq's (unavailable_as_error).
+        raise failures[0]
     return results
 
 

@@ -26,12 +26,21 @@ import msgspec
 
 from . import _layout, _scripts
 from ._codec import pack, unpack
+from ._connection import resent_on_failover
 from ._keys import id_partition
 from ._partition import Partitions, base_id, crc, in_partition
 from .errors import RedisUnavailableError
 
 if TYPE_CHECKING:
     from ._connection import Client
+
+#: answers of a partition that send() handles (others are raised)
+_REFUSALS: Final = (
+    _scripts.StaleLayoutRefusal,
+    _scripts.NotReplicatedRefusal,
+    _scripts.GroupFullRefusal,
+    _scripts.GroupCorruptRefusal,
+)
 
 #: rounds of "stale" answers before giving up (a repartition's steps take
 #: milliseconds; this only bounds a partition left behind for good)
@@ -57,12 +66,15 @@ async def send(
     """
     if not parts.partitioned:
         try:
-            return await _scripts.enqueue(
+            return await resent_on_failover(
                 client,
-                parts.keys(0),
-                news,
-                dedup_window_ms=dedup_window_ms,
-                replication=replication,
+                lambda: _scripts.enqueue(
+                    client,
+                    parts.keys(0),
+                    news,
+                    dedup_window_ms=dedup_window_ms,
+                    replication=replication,
+                ),
             )
         except _scripts.StaleLayoutRefusal:
             await _layout.refresh(client, parts)  # partitioned since we looked
@@ -93,6 +105,9 @@ async def send(
                     replication,
                 )
         pending = []
+        for result in results.values():
+            if not isinstance(result, (list, *_REFUSALS)):
+                raise result  # the first failure, not an ExceptionGroup
         for partition, indexes in by_part.items():
             result = results[partition]
             if isinstance(result, _scripts.NotReplicatedRefusal):
@@ -142,21 +157,19 @@ async def _send_part(
     replication: _scripts.Replication | None,
 ) -> None:
     try:
-        results[partition] = await _scripts.enqueue(
+        results[partition] = await resent_on_failover(
             client,
-            parts.keys(partition),
-            batch,
-            dedup_window_ms=dedup_window_ms,
-            routing=_scripts.Routing(partition, [_hash(t) for t in batch]),
-            replication=replication,
+            lambda: _scripts.enqueue(
+                client,
+                parts.keys(partition),
+                batch,
+                dedup_window_ms=dedup_window_ms,
+                routing=_scripts.Routing(partition, [_hash(t) for t in batch]),
+                replication=replication,
+            ),
         )
-    except (
-        _scripts.StaleLayoutRefusal,
-        _scripts.NotReplicatedRefusal,
-        _scripts.GroupFullRefusal,
-        _scripts.GroupCorruptRefusal,
-    ) as refusal:
-        results[partition] = refusal
+    except Exception as exc:  # noqa: BLE001 - raised by send(), not in a group
+        results[partition] = exc
 
 
 def _hash(task: _scripts.NewTask) -> int | None:

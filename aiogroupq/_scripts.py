@@ -41,7 +41,7 @@ from redis.exceptions import (
     TryAgainError,
 )
 
-from ._connection import REDIS_FAILURES
+from ._connection import REDIS_FAILURES, cluster_glitches
 from .errors import CorruptQueueError, QueueFullError
 
 if TYPE_CHECKING:
@@ -94,6 +94,16 @@ class Script:
         extra_keys: Sequence[str],
         args: Sequence[EncodableT],
     ) -> Any:
+        with cluster_glitches():
+            return await self._call(client, keys, extra_keys, args)
+
+    async def _call(
+        self,
+        client: Client,
+        keys: QueueKeys,
+        extra_keys: Sequence[str],
+        args: Sequence[EncodableT],
+    ) -> Any:
         all_keys = _fixed(keys, extra_keys)
         argv = (keys.prefix, *args)
         try:
@@ -139,8 +149,28 @@ class Script:
         """Run the script, then ``WAIT replicas timeout_ms`` on the same
         connection; return its reply and how many replicas acknowledged its
         writes (and every write before them: replication is one ordered
-        stream). For idempotent calls only: one is sent again after
-        ``NOSCRIPT`` or a cluster redirection, which mean it did not run."""
+        stream). It is sent again only after ``NOSCRIPT`` or a cluster
+        redirection, which mean it did not run."""
+        with cluster_glitches():
+            return await self._replicated(
+                client,
+                keys,
+                extra_keys,
+                args,
+                replicas=replicas,
+                timeout_ms=timeout_ms,
+            )
+
+    async def _replicated(
+        self,
+        client: Client,
+        keys: QueueKeys,
+        extra_keys: Sequence[str],
+        args: Sequence[EncodableT],
+        *,
+        replicas: int,
+        timeout_ms: int,
+    ) -> tuple[Any, int]:
         all_keys = _fixed(keys, extra_keys)
         argv = (keys.prefix, *args)
         reply: Any = None

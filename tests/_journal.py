@@ -20,6 +20,7 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.process
 import os
+import secrets
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
@@ -39,6 +40,9 @@ JOURNAL_KEY = "test:journal"
 # ARGV: the record (JSON without the clock), the task number to add to the
 # "done" set ("" for none). Returns the clock value of this event.
 _APPEND_LUA = """
+if ARGV[3] and redis.call('SADD', KEYS[4], ARGV[3]) == 0 then
+  return -1
+end
 local clock = redis.call('INCR', KEYS[1])
 redis.call('RPUSH', KEYS[2], clock .. ' ' .. ARGV[1])
 if ARGV[2] ~= '' then redis.call('SADD', KEYS[3], ARGV[2]) end
@@ -126,7 +130,7 @@ class Journal:
 
     def __init__(self, client: Client, *, key: str = JOURNAL_KEY):
         self._client = client
-        self._keys = (f"{key}:clock", key, f"{key}:done")
+        self._keys = (f"{key}:clock", key, f"{key}:done", f"{key}:ids")
         self._marks_key = f"{key}:marks"
         self._append = client.register_script(_APPEND_LUA)
         self._mark = client.register_script(_MARK_LUA)
@@ -164,8 +168,12 @@ class Journal:
             token=info.fencing_token,
         )
         done = str(job.n) if event == "end" and ok else ""
+        # A unique id per record: a client that sends the script again after
+        # a lost reply (redis-py's cluster client re-sends after a connection
+        # error) must not journal one start twice.
         clock = await self._append(
-            keys=self._keys, args=(msgspec.json.encode(record), done)
+            keys=self._keys,
+            args=(msgspec.json.encode(record), done, secrets.token_hex(8)),
         )
         return int(clock)
 
