@@ -22,7 +22,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager, context
 from dataclasses import dataclass
 from datetime import timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING, Final, Self
+from typing import TYPE_CHECKING, Final, Literal, Self
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
@@ -179,7 +179,7 @@ class Consumer:
         allow_eviction: bool = False,
         observers: Sequence[Observer] = (),
         partitions: int | None = None,
-        durability: _validate.Durability = "primary",
+        durability: Literal["primary", "replicated"] = "primary",
     ) -> None:
         self._parts = Partitions(queue)
         self._keys = self._parts.keys(0)

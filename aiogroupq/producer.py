@@ -9,7 +9,7 @@ import time
 from collections.abc import AsyncGenerator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Final, Self, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Final, Literal, Self, TypeVar, overload
 
 import anyio
 import msgspec
@@ -130,7 +130,7 @@ class Producer(anyio.AsyncContextManagerMixin):
         allow_eviction: bool = False,
         observers: Sequence[Observer] = (),
         partitions: int | None = None,
-        durability: _validate.Durability = "primary",
+        durability: Literal["primary", "replicated"] = "primary",
     ) -> None:
         self._parts = Partitions(queue)
         self._keys = self._parts.keys(0)
