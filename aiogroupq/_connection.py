@@ -607,6 +607,8 @@ def _check_eviction(client: Client, reply: Any) -> None:
         return
     if isinstance(reply, Exception):
         raise reply
+    if isinstance(reply, list | tuple):  # a cluster node's raw reply (redis-py 5)
+        reply = dict(zip(reply[::2], reply[1::2], strict=False))
     value = reply.get("maxmemory-policy", reply.get(b"maxmemory-policy", b""))
     policy = value.decode() if isinstance(value, bytes) else str(value)
     if policy and policy != "noeviction":
