@@ -121,8 +121,18 @@ class BoundedRetry(Retry):
             if isinstance(error, _NOT_TRANSIENT):
                 raise error
 
+        async def attempt() -> T:
+            # redis-py < 5.1 connects inside this retry but lets the socket's
+            # own OSError (a refused connection) out of it unretried.
+            try:
+                return await do()
+            except TimeoutError as exc:
+                raise rexc.TimeoutError(str(exc)) from exc
+            except OSError as exc:
+                raise rexc.ConnectionError(str(exc) or type(exc).__name__) from exc
+
         with anyio.move_on_after(self.budget):
-            return await super().call_with_retry(do, failed, *args, **kwargs)
+            return await super().call_with_retry(attempt, failed, *args, **kwargs)
         # Not a builtin TimeoutError: Producer.result raises that for its own
         # timeout, and this one must become RedisUnavailableError.
         raise rexc.TimeoutError(f"no reply from Redis within {self.budget:g} s")
@@ -206,7 +216,7 @@ class _BoundedCluster(_OwnCluster):
                     rexc.ClusterDownError,
                     rexc.TryAgainError,
                     rexc.RedisClusterException,
-                    ConnectionError,
+                    OSError,  # refused, reset, unreachable: redis-py < 5.1 lets them out
                 ):
                     await anyio.sleep(random.uniform(backoff / 2, backoff))
                     backoff = min(backoff * 2, 1.0)
@@ -233,7 +243,7 @@ async def resent_on_failover(client: Client, call: Callable[[], Awaitable[T]]) -
                 rexc.TimeoutError,
                 rexc.ClusterDownError,
                 rexc.TryAgainError,
-                ConnectionError,
+                OSError,
             ):
                 await anyio.sleep(random.uniform(backoff / 2, backoff))
                 backoff = min(backoff * 2, 1.0)

@@ -145,7 +145,7 @@ class ServerProcess:
         self._given_dir = None if workdir is None else Path(workdir)
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self._fixed_port = port != 0
-        self.port = port
+        self.port: int = port
         self.config: dict[str, list[str]] = {
             name: [value] for name, value in _DEFAULTS.items()
         }

@@ -483,7 +483,30 @@ async def _has_tick(client: redis.asyncio.Redis, queue: str, tick: int) -> bool:
 async def test_ticks_missed_while_no_consumer_ran(
     redis_client: redis.asyncio.Redis, missed: str
 ) -> None:
-    queue = f"sched-missed-{missed}"
+    # The scenario needs the restart to land between two ticks; on a loaded
+    # machine a sleep may overshoot past the next one, and then it is played
+    # again on a fresh queue (a few times at most).
+    for attempt in range(3):
+        queue = f"sched-missed-{missed}-{attempt}"
+        outcome = await _miss_two_ticks(redis_client, queue, missed)
+        if outcome is not None:
+            break
+    else:
+        pytest.fail(
+            "three restarts in a row came later than the tick they aimed before"
+        )
+    last, missed_ticks = outcome
+    assert missed_ticks == ([] if missed == "skip" else [last + 2 * S])
+    assert Counter(await _ticks_enqueued(redis_client, queue)).most_common(1)[0][1] == 1
+    assert await check(redis_client, QueueKeys(queue)) == []
+
+
+async def _miss_two_ticks(
+    redis_client: redis.asyncio.Redis, queue: str, missed: str
+) -> tuple[int, list[int]] | None:
+    """Run a consumer, stop it for two ticks, start it again 100 ms after the
+    second: the last tick before the stop and the missed ticks enqueued at the
+    restart, or None when the restart came too late to tell."""
     key = QueueKeys(queue).schedule("beat")
     schedule = aiogroupq.Schedule("beat", "beat", every=1, missed=missed)  # type: ignore[arg-type]
 
@@ -499,7 +522,6 @@ async def test_ticks_missed_while_no_consumer_ran(
         await _until(lambda: _ticks_enqueued(redis_client, queue))
     last = int(await redis_client.get(key) or 0)
     assert last % S == 0
-    # Two ticks pass with no consumer; start again 100 ms after the second.
     await _sleep_until_server(redis_client, last + 2 * S + 100)
     restart = await _server_ms(redis_client)
     async with consumer():
@@ -510,13 +532,13 @@ async def test_ticks_missed_while_no_consumer_ran(
         # The schedule goes on: the next tick after the restart is enqueued.
         await _until(lambda: _has_tick(redis_client, queue, last + 3 * S))
     print(  # noqa: T201 - the figures this test reports
-        f"missed={missed}: last {last}, restart {restart}, enqueued {missed_ticks}"
+        f"missed={missed}: last {last}, restart {restart}, entered {entered}, "
+        f"enqueued {missed_ticks}"
     )
     # Else the tick at last + 3 s was missed too, and is the one to run once.
-    assert entered < last + 3 * S, "entering took most of a second"
-    assert missed_ticks == ([] if missed == "skip" else [last + 2 * S])
-    assert Counter(await _ticks_enqueued(redis_client, queue)).most_common(1)[0][1] == 1
-    assert await check(redis_client, QueueKeys(queue)) == []
+    if entered >= last + 3 * S:
+        return None
+    return last, missed_ticks
 
 
 @pytest.mark.slow
