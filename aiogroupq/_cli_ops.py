@@ -1,6 +1,6 @@
 """The operator commands of the ``aiogroupq`` command line: see what a queue
 is doing (stats, groups, group, task, consumers, dead list/show) and act on
-it (dead requeue/purge, release, pause, resume, cancel).
+it (dead requeue/purge, release, pause, resume, cancel, repartition).
 
 Every read command prints a table or a page for people, or JSON with
 ``--json``; ``stats --watch`` refreshes. Exit status: 0 done, 1 nothing to
@@ -20,11 +20,12 @@ from contextlib import asynccontextmanager
 from typing import Any, Final
 
 import anyio
-from redis.asyncio import Redis
 
-from . import _cli_render as show, _scripts, _validate, _views
-from ._connection import open_client, unavailable_as_error
+from . import _cli_render as show, _layout, _scripts, _validate, _views
+from ._connection import Client, open_client, unavailable_as_error
+from ._fanout import by_partition, requeue_dead
 from ._keys import QueueKeys
+from ._partition import Partitions
 from .admin import MAX_PAGE, Admin
 from .errors import (
     AiogroupqError,
@@ -38,7 +39,7 @@ from .producer import DEFAULT_RETENTION, Producer
 COMMANDS: Final = frozenset(
     {
         "stats", "groups", "group", "task", "dead", "release", "pause", "resume",
-        "cancel", "consumers",
+        "cancel", "consumers", "repartition",
     }
 )  # fmt: skip
 
@@ -212,6 +213,27 @@ def add_commands(
         "consumer at its next heartbeat.",
     )
     cancel.add_argument("task_id", metavar="ID")
+    repartition = command(
+        "repartition",
+        "change a live queue's partition count, keeping every group's order",
+        "Begin moving the queue to --to partitions (each group's tasks in its "
+        "old partition finish before its new partition starts any), then "
+        "finish the move once nothing holds it open; without --wait, only "
+        "report what still does (exit status 1). --finish alone finishes a "
+        "move begun earlier. See docs/scaling.md.",
+    )
+    repartition.add_argument(
+        "--to", type=_positive, metavar="K", help="the new partition count"
+    )
+    repartition.add_argument(
+        "--finish", action="store_true", help="finish a move begun earlier"
+    )
+    repartition.add_argument(
+        "--wait",
+        type=_seconds,
+        metavar="SECONDS",
+        help="keep trying to finish for up to this long",
+    )
 
 
 def _positive(text: str) -> int:
@@ -249,7 +271,7 @@ def run(args: argparse.Namespace) -> int:
 @asynccontextmanager
 async def _open(
     args: argparse.Namespace,
-) -> AsyncIterator[tuple[Redis, Admin, Producer]]:
+) -> AsyncIterator[tuple[Client, Admin, Producer]]:
     async with (
         open_client(args.redis_url, retry=True) as client,
         Admin(client, queue=args.queue) as admin,
@@ -285,7 +307,7 @@ def _missing(args: argparse.Namespace) -> _Failed:
 
 
 async def _stats(
-    args: argparse.Namespace, client: Redis, admin: Admin, producer: Producer
+    args: argparse.Namespace, client: Client, admin: Admin, producer: Producer
 ) -> None:
     shown = 0
     previous: _views.QueueStats | None = None
@@ -316,7 +338,7 @@ async def _stats(
 
 
 async def _groups(
-    args: argparse.Namespace, client: Redis, admin: Admin, producer: Producer
+    args: argparse.Namespace, client: Client, admin: Admin, producer: Producer
 ) -> None:
     if args.limit > MAX_PAGE:
         raise _Usage(f"--limit must be at most {MAX_PAGE}, got {args.limit}")
@@ -341,7 +363,7 @@ async def _groups(
 
 
 async def _group(
-    args: argparse.Namespace, client: Redis, admin: Admin, producer: Producer
+    args: argparse.Namespace, client: Client, admin: Admin, producer: Producer
 ) -> None:
     info = await admin.group_info(args.name)
     if info.state == _views.GroupState.IDLE:
@@ -350,7 +372,7 @@ async def _group(
 
 
 async def _task(
-    args: argparse.Namespace, client: Redis, admin: Admin, producer: Producer
+    args: argparse.Namespace, client: Client, admin: Admin, producer: Producer
 ) -> None:
     try:
         details = await admin.task(args.task_id)
@@ -364,7 +386,7 @@ def _no_task(args: argparse.Namespace) -> str:
 
 
 async def _consumers(
-    args: argparse.Namespace, client: Redis, admin: Admin, producer: Producer
+    args: argparse.Namespace, client: Client, admin: Admin, producer: Producer
 ) -> None:
     found = await admin.consumers()
     if not found:
@@ -382,7 +404,7 @@ async def _consumers(
 
 
 async def _dead(
-    args: argparse.Namespace, client: Redis, admin: Admin, producer: Producer
+    args: argparse.Namespace, client: Client, admin: Admin, producer: Producer
 ) -> None:
     if args.action == "list":
         letters = await producer.dead_letters(limit=args.limit)
@@ -410,16 +432,25 @@ async def _dead(
         await _act_on_dead(args, client, admin)
 
 
-async def _act_on_dead(args: argparse.Namespace, client: Redis, admin: Admin) -> None:
-    op, keys = args.action, QueueKeys(args.queue)
+async def _act_on_dead(args: argparse.Namespace, client: Client, admin: Admin) -> None:
+    op = args.action
     if bool(args.ids) == args.all:
         raise _Usage(f"give task ids or --all (not both) to {op}")
+    parts = Partitions(args.queue)
+    await _layout.refresh(client, parts)
+
+    async def act(keys: QueueKeys, ids: list[str]) -> int:
+        if op == "requeue":
+            return await requeue_dead(client, parts, ids)
+        return await _scripts.dead_action(client, keys, op, ids)
+
     done = 0
     if args.ids:
         progress = show.Progress(f"{op}d", len(args.ids))
         for start in range(0, len(args.ids), _scripts.DEAD_BATCH):
             chunk = args.ids[start : start + _scripts.DEAD_BATCH]
-            done += await _scripts.dead_action(client, keys, op, chunk)
+            for keys, mine in by_partition(parts, chunk).items():
+                done += await act(keys, mine)
             progress.update(
                 start + len(chunk), final=start + len(chunk) == len(args.ids)
             )
@@ -433,20 +464,23 @@ async def _act_on_dead(args: argparse.Namespace, client: Redis, admin: Admin) ->
     # Only what is dead now: a task dead-lettered meanwhile is not chased.
     until_ms = round(stats.now * 1000)
     progress = show.Progress(f"{op}d", stats.dead)
-    looked, skipped = 0, 0
-    while ids := await _dead_before(client, keys, until_ms, skipped):
-        acted = await _scripts.dead_action(client, keys, op, ids)
-        done += acted
-        looked += len(ids)
-        # Left alone (damaged keys): still in the index, so page past them.
-        skipped += len(ids) - acted if op == "requeue" else 0
-        progress.update(looked)
+    looked = 0
+    for keys in parts.all():
+        skipped = 0
+        while ids := await _dead_before(client, keys, until_ms, skipped):
+            acted = await act(keys, ids)
+            done += acted
+            looked += len(ids)
+            # Left alone (damaged keys, or a group that moved away): still in
+            # the index, so page past them.
+            skipped += len(ids) - acted if op == "requeue" else 0
+            progress.update(looked)
     progress.update(looked, final=True)
     print(f"{op}d {show.count(done)} dead letters")
 
 
 async def _dead_before(
-    client: Redis, keys: QueueKeys, until_ms: int, offset: int
+    client: Client, keys: QueueKeys, until_ms: int, offset: int
 ) -> list[str]:
     """Dead task ids of the index, oldest first, up to *until_ms*."""
     batch: list[Any] = await client.zrangebyscore(
@@ -459,7 +493,7 @@ async def _dead_before(
 
 
 async def _release(
-    args: argparse.Namespace, client: Redis, admin: Admin, producer: Producer
+    args: argparse.Namespace, client: Client, admin: Admin, producer: Producer
 ) -> None:
     if not await producer.release_group(args.name):
         raise _Failed(f"group {args.name!r} is not halted")
@@ -467,7 +501,7 @@ async def _release(
 
 
 async def _pause(
-    args: argparse.Namespace, client: Redis, admin: Admin, producer: Producer
+    args: argparse.Namespace, client: Client, admin: Admin, producer: Producer
 ) -> None:
     resume = args.command == "resume"
     if args.name is None:
@@ -482,12 +516,12 @@ async def _pause(
 
 
 async def _cancel(
-    args: argparse.Namespace, client: Redis, admin: Admin, producer: Producer
+    args: argparse.Namespace, client: Client, admin: Admin, producer: Producer
 ) -> None:
     task_id = _validate.task_id(args.task_id)
     code = await _scripts.cancel(
         client,
-        QueueKeys(args.queue),
+        Partitions(args.queue).of_id(task_id),
         task_id,
         retention_ms=round(DEFAULT_RETENTION * 1000),
     )
@@ -505,6 +539,28 @@ async def _cancel(
         print(f"cancelled task {args.task_id!r}")
 
 
+async def _repartition(
+    args: argparse.Namespace, client: Client, admin: Admin, producer: Producer
+) -> None:
+    if (args.to is None) != bool(args.finish):
+        raise _Usage("give either --to K (start, then finish) or --finish")
+    if args.to is not None:
+        await admin.start_repartition(args.to)
+        print(f"queue {args.queue!r}: moving to {args.to} partitions")
+    deadline = anyio.current_time() + (args.wait or 0.0)
+    while reasons := await admin.finish_repartition():
+        if anyio.current_time() >= deadline:
+            for reason in reasons:
+                print(f"  waiting: {reason}")
+            raise _Failed(
+                "the move is under way; run 'aiogroupq repartition --finish' "
+                "again (or with --wait SECONDS) once these are done"
+            )
+        await anyio.sleep(0.5)
+    parts, _ = await admin.partitions()
+    print(f"queue {args.queue!r}: {parts} partitions, the move is finished")
+
+
 _HANDLERS: Final = {
     "stats": _stats,
     "groups": _groups,
@@ -516,4 +572,5 @@ _HANDLERS: Final = {
     "pause": _pause,
     "resume": _pause,
     "cancel": _cancel,
+    "repartition": _repartition,
 }

@@ -13,14 +13,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
 import anyio
-from redis.exceptions import RedisError
 
 from . import _scripts
+from ._connection import REDIS_FAILURES
 
 if TYPE_CHECKING:
-    from redis.asyncio import Redis
-
+    from ._connection import Client
     from ._keys import QueueKeys
+    from ._partition import Partitions
 
 logger = logging.getLogger("aiogroupq.consumer")  # it records consumers' outcomes
 
@@ -34,14 +34,14 @@ class Finisher:
 
     def __init__(
         self,
-        client: Redis,
-        keys: QueueKeys,
+        client: Client,
+        parts: Partitions,
         *,
         retention_ms: int,
         on_done: Callback,
     ) -> None:
         self._client = client
-        self._keys = keys
+        self._parts = parts
         self._retention_ms = retention_ms
         self._on_done = on_done
         self._pending: list[_scripts.Outcome] = []
@@ -56,22 +56,45 @@ class Finisher:
         self._wakeup.set()
 
     async def _send_batch(self) -> bool:
-        """Send the oldest pending batch; False if Redis failed (kept pending)."""
+        """Send the oldest pending batch, one call per partition it spans;
+        False if Redis failed for a partition (its outcomes stay pending)."""
         async with self._sending:
             batch = self._pending[:MAX_BATCH]
             if not batch:
                 return True
-            try:
-                codes = await _scripts.finish(
-                    self._client, self._keys, batch, retention_ms=self._retention_ms
-                )
-            except (RedisError, OSError) as exc:
-                logger.warning("could not record %d outcomes (%s)", len(batch), exc)
-                return False
+            parts: dict[QueueKeys, list[_scripts.Outcome]] = {}
+            for outcome in batch:
+                parts.setdefault(self._parts.of_id(outcome.id), []).append(outcome)
+            done: list[tuple[_scripts.Outcome, int]] = []
+            failed: list[_scripts.Outcome] = []
+
+            async def send(keys: QueueKeys, outcomes: list[_scripts.Outcome]) -> None:
+                try:
+                    codes = await _scripts.finish(
+                        self._client, keys, outcomes, retention_ms=self._retention_ms
+                    )
+                except REDIS_FAILURES as exc:
+                    logger.warning(
+                        "could not record %d outcomes (%s)", len(outcomes), exc
+                    )
+                    failed.extend(outcomes)
+                    return
+                done.extend(zip(outcomes, codes, strict=True))
+
+            # The batch stays pending until it is recorded (close() waits for
+            # it); cancelled on the way, it is sent again, and a re-sent
+            # outcome is recognised by its token.
+            if len(parts) == 1:
+                await send(*next(iter(parts.items())))
+            else:
+                async with anyio.create_task_group() as tg:
+                    for keys, outcomes in parts.items():
+                        tg.start_soon(send, keys, outcomes)
             del self._pending[: len(batch)]
-        for outcome, code in zip(batch, codes, strict=True):
+            self._pending[:0] = failed
+        for outcome, code in done:
             self._on_done(outcome, code)
-        return True
+        return not failed
 
     async def run(self) -> None:
         """Send batches as outcomes arrive, until cancelled."""

@@ -27,6 +27,7 @@ __all__ = (
     "BAD_COUNT",
     "BAD_ENVELOPE",
     "BAD_FENCE",
+    "BAD_LAYOUT",
     "BAD_TASK",
     "DEFAULT_MAX_PAYLOAD",
     "DUPLICATE",
@@ -45,6 +46,7 @@ __all__ = (
     "UNINDEXED_DEAD",
     "UNKNOWN_KEY",
     "UNMARKED_HEAD",
+    "WRONG_PARTITION",
     "WRONG_SLOT",
     "WRONG_TYPE",
     "GroupState",
@@ -53,6 +55,7 @@ __all__ = (
     "check",
     "check_queue",
     "examine",
+    "examine_partitions",
     "examine_queue",
     "read",
 )
@@ -62,8 +65,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
+from . import _layout
 from ._connection import RedisLike, open_client, unavailable_as_error
-from ._keys import QueueKeys
+from ._partition import Partitions, crc
 from ._snapshot import (
     DEFAULT_MAX_PAYLOAD,
     FAMILIES,
@@ -77,7 +81,8 @@ from ._snapshot import (
 )
 
 if TYPE_CHECKING:
-    from redis.asyncio import Redis
+    from ._connection import Client
+    from ._keys import QueueKeys
 
 #: a key of the queue hashes to another cluster slot than the queue's fixed keys
 WRONG_SLOT: Final = "wrong-slot"
@@ -127,6 +132,15 @@ UNINDEXED_DEAD: Final = "unindexed-dead"
 #: backlog, waiting, halted or paused index) disagrees with the keys, or a
 #: group's hash is left over with nothing in it
 BAD_COUNT: Final = "bad-count"
+#: a group has live tasks in a partition it does not belong to under the
+#: queue's layout, or in two partitions at once (its order and exclusion
+#: across them are not kept); only a repartition's protocol moves groups
+WRONG_PARTITION: Final = "wrong-partition"
+#: a partition's copy of the queue's partition layout (conf ``parts``)
+#: differs from partition 0's: its enqueues refuse tasks routed by the
+#: queue's layout (any client entering brings a copy one step behind up to
+#: date)
+BAD_LAYOUT: Final = "bad-layout"
 #: a flag of the queue's ``conf`` hash that the scripts rely on is missing:
 #: ``pu`` while tasks wait in ``pready`` or carry a priority (claims would
 #: never look there), ``gc`` while groups have settings (they would be
@@ -699,7 +713,7 @@ def problems_of(snap: Snapshot) -> list[Problem]:
 
 
 async def examine(
-    client: Redis, keys: QueueKeys, *, max_payload: int = DEFAULT_MAX_PAYLOAD
+    client: Client, keys: QueueKeys, *, max_payload: int = DEFAULT_MAX_PAYLOAD
 ) -> tuple[Snapshot, list[Problem]]:
     """Read a queue and apply every rule: the snapshot (``empty`` says
     whether the queue has any key) and its problems."""
@@ -708,7 +722,7 @@ async def examine(
 
 
 async def check(
-    client: Redis, keys: QueueKeys, *, max_payload: int = DEFAULT_MAX_PAYLOAD
+    client: Client, keys: QueueKeys, *, max_payload: int = DEFAULT_MAX_PAYLOAD
 ) -> list[Problem]:
     """Walk one queue's keys and report every broken invariant.
 
@@ -728,7 +742,9 @@ async def check_queue(
 
     An empty list means the queue is consistent (or has no keys at all). The
     reads are not one atomic snapshot: on a busy queue, confirm a problem by
-    checking again.
+    checking again. A partitioned queue is checked partition by partition,
+    then as a whole: each group must be live in one partition only, the one
+    the layout gives it.
 
     :param redis: a ``redis://`` URL or a ``redis.asyncio.Redis`` client
     :param queue: the queue name
@@ -737,8 +753,66 @@ async def check_queue(
     :raises ConfigurationError: for a bad queue name or client
     :raises RedisUnavailableError: if Redis cannot be reached
     """
-    keys = QueueKeys(queue)
-    return (await examine_queue(redis, keys, max_payload=max_payload_bytes))[1]
+    return (await examine_partitions(redis, queue, max_payload=max_payload_bytes))[1]
+
+
+@unavailable_as_error
+async def examine_partitions(
+    redis: RedisLike, queue: str, *, max_payload: int = DEFAULT_MAX_PAYLOAD
+) -> tuple[list[Snapshot], list[Problem]]:
+    """Examine every partition of a queue (one for an unpartitioned queue),
+    then the partitions together; the snapshots, and the problems sorted."""
+    parts = Partitions(queue)
+    async with open_client(redis, retry=True) as client:
+        parts.layout = await _layout.read(client, parts)
+        snaps: list[Snapshot] = []
+        problems: list[Problem] = []
+        for keys in parts.all():
+            snap, found = await examine(client, keys, max_payload=max_payload)
+            snaps.append(snap)
+            problems += found
+    if parts.partitioned:
+        problems += _across(parts, snaps)
+    return snaps, sorted(
+        set(problems), key=lambda p: (p.kind, p.group or "", p.task_id or "", p.detail)
+    )
+
+
+def _across(parts: Partitions, snaps: list[Snapshot]) -> list[Problem]:
+    """What no one partition shows: a group live in the wrong partition or
+    in two, and a partition's layout copy that is not partition 0's."""
+    found: list[Problem] = []
+    layout = parts.layout.text()
+    live: dict[str, list[int]] = {}
+    for snap in snaps:
+        partition = snap.keys.partition
+        copy = snap.conf.get("parts", "1")
+        if partition and copy != layout and not snap.empty:
+            found.append(
+                Problem(
+                    BAD_LAYOUT,
+                    None,
+                    None,
+                    f"partition {partition} holds layout {copy!r}, partition 0 "
+                    f"{layout!r}",
+                    snap.keys.conf,
+                )
+            )
+        names = set(snap.groups) | {
+            t.group for t in snap.tasks.values() if t.group and t.state in _LIVE
+        }
+        for name in names:
+            live.setdefault(name, []).append(partition)
+    for name, where in live.items():
+        homes = parts.layout.homes(crc(name))
+        if len(where) > 1:
+            detail = f"live in partitions {where} at once"
+        elif where[0] not in homes:
+            detail = f"live in partition {where[0]}, which is not its own {homes}"
+        else:
+            continue
+        found.append(Problem(WRONG_PARTITION, None, name, detail))
+    return found
 
 
 @unavailable_as_error

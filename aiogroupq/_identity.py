@@ -21,8 +21,7 @@ from . import _scripts
 from .errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from redis.asyncio import Redis
-
+    from ._connection import Client
     from ._keys import QueueKeys
 
 logger = logging.getLogger("aiogroupq.consumer")
@@ -37,7 +36,7 @@ class Identity:
         self._ttl_ms = max(1000, round(ttl * 1000))
         self._me = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
 
-    async def acquire(self, client: Redis) -> None:
+    async def acquire(self, client: Client) -> None:
         """Hold the name, waiting at most one hold's length for another holder.
 
         :raises ConfigurationError: if a live process keeps holding it
@@ -63,7 +62,7 @@ class Identity:
             "never share a name (leave name=None for a unique one)"
         )
 
-    async def renew(self, client: Redis) -> None:
+    async def renew(self, client: Client) -> None:
         """Extend the hold (called with every heartbeat)."""
         if holder := await self._run(client, "renew"):
             logger.warning(
@@ -72,11 +71,11 @@ class Identity:
                 holder,
             )
 
-    async def release(self, client: Redis) -> None:
+    async def release(self, client: Client) -> None:
         """Let the name go."""
         await self._run(client, "drop")
 
-    async def _run(self, client: Redis, op: str, dead_holder: str = "") -> str:
+    async def _run(self, client: Client, op: str, dead_holder: str = "") -> str:
         return await _scripts.identity(
             client, self._keys, self._name, op, self._me, self._ttl_ms, dead_holder
         )

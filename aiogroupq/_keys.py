@@ -1,7 +1,12 @@
-"""Every Redis key of a queue is built here (and mirrored in ``_lua/_lib.lua``).
+"""Every Redis key of a queue is built here (and mirrored in ``_lua/lib/base.lua``).
 
-All keys of one queue share the hash tag ``{aiogroupq:<queue>}`` so that every
-script touches a single Redis Cluster slot.
+A queue is stored in one or more partitions (``partitions=K``, see
+``_partition.py``). All keys of one partition share one hash tag, so that
+every script touches a single Redis Cluster slot: partition 0 keeps the tag
+``{aiogroupq:<queue>}`` that a queue has always had (a queue of one partition
+is laid out exactly as before partitions existed), partition ``p >= 1`` has
+``{aiogroupq:<queue>#<p>}``. ``#`` cannot occur in a queue name, so no
+partition of one queue can share a tag with another queue.
 """
 
 from __future__ import annotations
@@ -12,6 +17,14 @@ from typing import Final
 from .errors import ConfigurationError
 
 _QUEUE_NAME: Final = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+# A task id of partition p >= 1: the 28 hex digits of new_task_id(), "-", p.
+_PARTITIONED_ID: Final = re.compile(r"[0-9a-f]{28}-([1-9][0-9]{0,4})")
+
+
+def id_partition(task_id: str) -> int:
+    """The partition a task id names (0 for an id without a suffix)."""
+    match = _PARTITIONED_ID.fullmatch(task_id)
+    return 0 if match is None else int(match.group(1))
 
 
 def validate_queue_name(queue: object) -> str:
@@ -24,7 +37,7 @@ def validate_queue_name(queue: object) -> str:
 
 
 class QueueKeys:
-    """The key names of one queue.
+    """The key names of one partition of a queue (partition 0 by default).
 
     Fixed keys are attributes; per-task, per-group and per-consumer keys are
     methods. Lua scripts receive :attr:`prefix` and build the same names (see
@@ -40,6 +53,7 @@ class QueueKeys:
         "fence",
         "halted",
         "leases",
+        "partition",
         "paused",
         "pready",
         "prefix",
@@ -51,9 +65,11 @@ class QueueKeys:
         "wake",
     )
 
-    def __init__(self, queue: str) -> None:
+    def __init__(self, queue: str, partition: int = 0) -> None:
         self.queue = validate_queue_name(queue)
-        self.prefix = p = f"{{aiogroupq:{queue}}}:"
+        self.partition = partition
+        tag = queue if partition == 0 else f"{queue}#{partition}"
+        self.prefix = p = f"{{aiogroupq:{tag}}}:"
         self.ready = p + "ready"  # LIST of runnable task ids, next first
         self.delayed = p + "delayed"  # ZSET id -> due time (server ms)
         self.leases = p + "leases"  # ZSET id -> lease deadline (server ms)
@@ -69,6 +85,10 @@ class QueueKeys:
         self.halted = p + "halted"  # SET groups halted behind a dead task
         self.paused = p + "paused"  # SET paused groups
         self.consumers = p + "consumers"  # ZSET consumer -> when it counts as gone
+
+    def owns(self, task_id: str) -> bool:
+        """Whether *task_id* names this partition."""
+        return id_partition(task_id) == self.partition
 
     def task(self, task_id: str) -> str:
         """HASH holding one task's envelope and bookkeeping."""
@@ -122,7 +142,8 @@ class QueueKeys:
         """STRING: the latest tick enqueued for a periodic schedule."""
         return f"{self.prefix}sched:{name}"
 
-    def pattern(self) -> str:
-        """A SCAN pattern matching every key of this queue."""
-        escaped = re.sub(r"([*?\[\]\\])", r"\\\1", self.prefix)
+    def pattern(self, family: str = "") -> str:
+        """A SCAN pattern matching every key of this partition (of one
+        *family*, e.g. ``"grp:"``, if given)."""
+        escaped = re.sub(r"([*?\[\]\\])", r"\\\1", self.prefix + family)
         return escaped + "*"

@@ -34,8 +34,7 @@ from .errors import CorruptTaskError
 from .task import TaskState
 
 if TYPE_CHECKING:
-    from redis.asyncio import Redis
-
+    from ._connection import Client
     from ._keys import QueueKeys
 
 STATS: Final = Script("stats")
@@ -118,7 +117,7 @@ def _consumer(row: Sequence[Any], now_ms: int) -> ConsumerInfo:
 # -- stats ---------------------------------------------------------------------
 
 
-async def queue_stats(client: Redis, keys: QueueKeys) -> QueueStats:
+async def queue_stats(client: Client, keys: QueueKeys) -> QueueStats:
     """The queue's counts (one ``stats.lua`` call)."""
     r = await STATS(client, keys, (keys.consumers,), (STATS_CONSUMERS,))
     now_ms = _int(r[0])
@@ -169,24 +168,36 @@ _SLOTS: Final[dict[str, Slot]] = {"@": "ready", "r": "retry", "~": "held"}
 
 
 async def group_infos(
-    client: Redis, keys: QueueKeys, groups: Sequence[str]
+    client: Client, keys: QueueKeys, groups: Sequence[str], *, alive: int | None = None
 ) -> list[GroupInfo]:
-    """These groups as seen now (one ``group_info.lua`` call)."""
+    """These groups as seen now (one ``group_info.lua`` call). *alive*: the
+    live consumers, when the registry is in another partition than *keys*
+    (each partition's own is empty)."""
     reply = await GROUP_INFO(client, keys, (keys.consumers,), ("groups", *groups))
-    return _described(reply)[0]
+    return _described(reply, alive)[0]
 
 
 async def group_page(
-    client: Redis, keys: QueueKeys, sort: GroupSort, cursor: int, limit: int
+    client: Client,
+    keys: QueueKeys,
+    sort: GroupSort,
+    cursor: int,
+    limit: int,
+    *,
+    alive: int | None = None,
 ) -> GroupPage:
-    """One page of groups (one ``group_info.lua`` call)."""
+    """One page of groups (one ``group_info.lua`` call, as group_infos)."""
     reply = await GROUP_INFO(client, keys, (keys.consumers,), (sort, cursor, limit))
-    infos, next_cursor = _described(reply)
+    infos, next_cursor = _described(reply, alive)
     return GroupPage(tuple(infos), next_cursor)
 
 
-def _described(reply: Sequence[Any]) -> tuple[list[GroupInfo], int | None]:
-    now_ms, queue_paused, alive = _int(reply[0]), reply[1] == 1, _int(reply[2])
+def _described(
+    reply: Sequence[Any], alive: int | None
+) -> tuple[list[GroupInfo], int | None]:
+    now_ms, queue_paused = _int(reply[0]), reply[1] == 1
+    if alive is None:
+        alive = _int(reply[2])
     cursor = _int(reply[3], -1)
     infos = [_group(row, now_ms, queue_paused, alive) for row in reply[4:]]
     return infos, None if cursor < 0 else cursor
@@ -349,7 +360,7 @@ def _why(
 
 
 async def consumer_list(
-    client: Redis, keys: QueueKeys, limit: int
+    client: Client, keys: QueueKeys, limit: int
 ) -> list[ConsumerInfo]:
     """Registered consumers, live ones first (one ``consumers.lua`` call)."""
     reply = await CONSUMERS(client, keys, (keys.consumers,), (limit,))
@@ -361,7 +372,7 @@ async def consumer_list(
 
 
 async def task_details(
-    client: Redis, keys: QueueKeys, task_id: str
+    client: Client, keys: QueueKeys, task_id: str
 ) -> TaskDetails | None:
     """One task as seen now, ``None`` if there is no such task."""
     reply = await TASK_INFO(client, keys, (keys.consumers,), (task_id,))
@@ -427,7 +438,7 @@ def id_list(task_ids: object) -> Sequence[object]:
 
 
 async def statuses(
-    client: Redis, keys: QueueKeys, task_ids: Sequence[str]
+    client: Client, keys: QueueKeys, task_ids: Sequence[str]
 ) -> list[TaskState | None]:
     """The state of each task (``None`` for an unknown id): one
     ``statuses.lua`` call per :data:`STATUS_CHUNK` ids, all in one pipeline,
@@ -456,7 +467,7 @@ async def statuses(
 
 
 async def _pipelined(
-    client: Redis, keys: QueueKeys, script: Script, calls: Sequence[Sequence[str]]
+    client: Client, keys: QueueKeys, script: Script, calls: Sequence[Sequence[str]]
 ) -> list[Any]:
     """Run *script* once per argument list, all in one pipeline of EVALSHA.
 
@@ -469,12 +480,15 @@ async def _pipelined(
     for _ in range(2):
         async with client.pipeline(transaction=False) as pipe:
             for args in calls:
-                pipe.evalsha(script.sha, len(fixed), *fixed, keys.prefix, *args)
+                # Not pipe.evalsha: a cluster pipeline refuses that method.
+                pipe.execute_command(
+                    "EVALSHA", script.sha, len(fixed), *fixed, keys.prefix, *args
+                )
             replies: list[Any] = await pipe.execute(raise_on_error=False)
         if not any(isinstance(r, NoScriptError) for r in replies):
             for reply in replies:
                 if isinstance(reply, Exception):
                     raise reply
             return replies
-        await client.script_load(script.source)
+        await script.load(client, keys)
     return [await script(client, keys, (), args) for args in calls]

@@ -13,8 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
-    from redis.asyncio import Redis
-
+    from ._connection import Client
     from ._keys import QueueKeys
 
 #: the counters of ConsumerStats a heartbeat records, in its field order
@@ -29,7 +28,7 @@ COUNTERS: Final = (
 )
 
 
-async def leave_registry(client: Redis, keys: QueueKeys, consumer: str) -> None:
+async def leave_registry(client: Client, keys: QueueKeys, consumer: str) -> None:
     """Take *consumer* out of the registry (a clean exit: not listed as gone)."""
     async with client.pipeline(transaction=False) as pipe:
         pipe.zrem(keys.consumers, consumer)

@@ -38,15 +38,17 @@ from typing import TYPE_CHECKING, Any, Final
 
 from redis.exceptions import ResponseError
 
-from . import _fsck as fsck
+from . import _fsck as fsck, _layout
 from ._connection import RedisLike, open_client, unavailable_as_error
-from ._keys import QueueKeys
+from ._partition import Partitions
 from ._scripts import Script
 from .errors import CorruptQueueError
 
 if TYPE_CHECKING:
-    from redis.asyncio import Redis
     from redis.typing import EncodableT
+
+    from ._connection import Client
+    from ._keys import QueueKeys
 
 #: most check-and-repair rounds of one repair
 ROUNDS: Final = 12
@@ -383,7 +385,7 @@ _PLANS: Final = {
 }
 
 
-async def _run_step(client: Redis, keys: QueueKeys, step: _Step) -> str:
+async def _run_step(client: Client, keys: QueueKeys, step: _Step) -> str:
     """Run one step; "" when it changed nothing (or could not run yet)."""
     # Ids and names as stored, even when they are not UTF-8.
     args = [
@@ -398,7 +400,7 @@ async def _run_step(client: Redis, keys: QueueKeys, step: _Step) -> str:
     return "" if text == "retry" else text
 
 
-async def _activity(client: Redis, keys: QueueKeys) -> Any:
+async def _activity(client: Client, keys: QueueKeys) -> Any:
     """The stats hash: any enqueue, start, end or group change moves it."""
     try:
         return await client.hgetall(keys.stats)
@@ -407,7 +409,7 @@ async def _activity(client: Redis, keys: QueueKeys) -> Any:
 
 
 async def repair(
-    client: Redis,
+    client: Client,
     keys: QueueKeys,
     *,
     max_payload: int = fsck.DEFAULT_MAX_PAYLOAD,
@@ -475,8 +477,24 @@ async def repair_queue(
     :raises ConfigurationError: for a bad queue name or client
     :raises RedisUnavailableError: if Redis cannot be reached
     """
-    keys = QueueKeys(queue)
-    return (await repair_keys(redis, keys, max_payload=max_payload_bytes))[0]
+    return (await repair_partitions(redis, queue, max_payload=max_payload_bytes))[0]
+
+
+@unavailable_as_error
+async def repair_partitions(
+    redis: RedisLike, queue: str, *, max_payload: int = fsck.DEFAULT_MAX_PAYLOAD
+) -> tuple[list[Repair], list[fsck.Problem]]:
+    """:func:`repair` of every partition of a queue; the changes, and what
+    the check finds afterwards (a group live in the wrong partition is only
+    reported: moving tasks between partitions would break its order)."""
+    parts = Partitions(queue)
+    done: list[Repair] = []
+    async with open_client(redis, retry=True) as client:
+        parts.layout = await _layout.read(client, parts)
+        for keys in parts.all():
+            done += (await repair(client, keys, max_payload=max_payload))[0]
+    _, problems = await fsck.examine_partitions(redis, queue, max_payload=max_payload)
+    return done, problems
 
 
 @unavailable_as_error

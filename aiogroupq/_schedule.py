@@ -21,19 +21,19 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import anyio
 import msgspec
-from redis.exceptions import RedisError
 
-from . import _scripts, _validate
+from . import _routing, _scripts, _validate
 from ._codec import EncodeFailure, encode_payload, pack
+from ._connection import REDIS_FAILURES, node_of
+from ._partition import Partitions, in_partition
 from .errors import AiogroupqError, ConfigurationError, UnencodablePayloadError
 from .producer import DEFAULT_DEDUP_WINDOW, DEFAULT_MAX_ATTEMPTS
 from .task import Envelope, new_task_id
 
 if TYPE_CHECKING:
     from anyio.abc import TaskStatus
-    from redis.asyncio import Redis
 
-    from ._keys import QueueKeys
+    from ._connection import Client
 
 logger: logging.Logger = logging.getLogger(__name__)
 
@@ -299,9 +299,9 @@ class Schedule:
             raise UnencodablePayloadError(payload, str(exc)) from exc
         set_(self, "_ticks", ticks)
 
-    def _new_task(self, tick_ms: int) -> _scripts.NewTask:
+    def _new_task(self, tick_ms: int, partition: int = 0) -> _scripts.NewTask:
         """The run of one tick: due at the tick (server clock), guarded by it."""
-        task_id = new_task_id()
+        task_id = in_partition(new_task_id(), partition)
         envelope = Envelope(
             id=task_id,
             type=self.task_type,
@@ -343,8 +343,8 @@ class _Progress:
 class Scheduler:
     """Runs every schedule of one consumer until :meth:`stop`."""
 
-    def __init__(self, keys: QueueKeys, schedules: Sequence[Schedule]) -> None:
-        self._keys = keys
+    def __init__(self, parts: Partitions, schedules: Sequence[Schedule]) -> None:
+        self._parts = parts
         self._schedules = tuple(schedules)
         self._scope: anyio.CancelScope | None = None
         self._dedup_window_ms = _validate.to_ms(DEFAULT_DEDUP_WINDOW)
@@ -356,7 +356,7 @@ class Scheduler:
 
     async def run(
         self,
-        client: Redis,
+        client: Client,
         *,
         task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
@@ -365,7 +365,7 @@ class Scheduler:
         logger.info(
             "scheduling %s on queue %r",
             ", ".join(repr(s.name) for s in self._schedules),
-            self._keys.queue,
+            self._parts.queue,
         )
         started = False
         with anyio.CancelScope() as self._scope:
@@ -379,7 +379,7 @@ class Scheduler:
 
     async def _loop(
         self,
-        client: Redis,
+        client: Client,
         schedule: Schedule,
         *,
         task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
@@ -392,7 +392,7 @@ class Scheduler:
             try:
                 pause = await self._step(client, schedule, progress)
                 backoff = _BACKOFF_FIRST
-            except (RedisError, OSError, AiogroupqError) as exc:
+            except (*REDIS_FAILURES, AiogroupqError) as exc:
                 logger.warning(
                     "schedule %r: %s; trying again in %.2fs",
                     schedule.name,
@@ -413,12 +413,15 @@ class Scheduler:
             await anyio.sleep(pause)
 
     async def _step(
-        self, client: Redis, schedule: Schedule, progress: _Progress
+        self, client: Client, schedule: Schedule, progress: _Progress
     ) -> float | None:
         """Enqueue what is due; return seconds to sleep (None: no more ticks)."""
-        key = self._keys.schedule(schedule.name)
+        # A grouped schedule's key lives with its group, another one in
+        # partition 0 (see Partitions.place).
+        partition = self._parts.place(schedule.group, None, schedule.name)
+        key = self._parts.keys(partition).schedule(schedule.name)
         async with client.pipeline(transaction=False) as pipe:
-            pipe.time()
+            pipe.time(**node_of(client, key))
             pipe.get(key)
             (seconds, micros), raw = await pipe.execute()
         now = int(seconds) * 1000 + int(micros) // 1000
@@ -501,12 +504,13 @@ class Scheduler:
         return due
 
     async def _enqueue(
-        self, client: Redis, schedule: Schedule, ticks: list[int]
+        self, client: Client, schedule: Schedule, ticks: list[int]
     ) -> None:
-        tasks = [schedule._new_task(tick) for tick in ticks]
+        partition = self._parts.place(schedule.group, None, schedule.name)
+        tasks = [schedule._new_task(tick, partition) for tick in ticks]
         try:
-            ids = await _scripts.enqueue(
-                client, self._keys, tasks, dedup_window_ms=self._dedup_window_ms
+            ids = await _routing.send(
+                client, self._parts, tasks, dedup_window_ms=self._dedup_window_ms
             )
         except (_scripts.GroupFullRefusal, _scripts.GroupCorruptRefusal) as refusal:
             # Not worth retrying each tick: log and let the next tick try.

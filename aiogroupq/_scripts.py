@@ -22,6 +22,7 @@ raises.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -31,14 +32,22 @@ from dataclasses import dataclass
 from importlib.resources import files
 from typing import TYPE_CHECKING, Any, Final
 
-from redis.exceptions import NoScriptError, OutOfMemoryError, ResponseError
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import (
+    AskError,
+    NoScriptError,
+    OutOfMemoryError,
+    ResponseError,
+    TryAgainError,
+)
 
+from ._connection import REDIS_FAILURES, cluster_glitches
 from .errors import CorruptQueueError, QueueFullError
 
 if TYPE_CHECKING:
-    from redis.asyncio import Redis
     from redis.typing import EncodableT
 
+    from ._connection import Client
     from ._keys import QueueKeys
 
 
@@ -80,20 +89,22 @@ class Script:
 
     async def __call__(
         self,
-        client: Redis,
+        client: Client,
         keys: QueueKeys,
         extra_keys: Sequence[str],
         args: Sequence[EncodableT],
     ) -> Any:
-        all_keys = (
-            keys.ready,
-            keys.delayed,
-            keys.leases,
-            keys.wake,
-            keys.fence,
-            keys.dead,
-            *extra_keys,
-        )
+        with cluster_glitches():
+            return await self._call(client, keys, extra_keys, args)
+
+    async def _call(
+        self,
+        client: Client,
+        keys: QueueKeys,
+        extra_keys: Sequence[str],
+        args: Sequence[EncodableT],
+    ) -> Any:
+        all_keys = _fixed(keys, extra_keys)
         argv = (keys.prefix, *args)
         try:
             try:
@@ -105,7 +116,7 @@ class Script:
             # the source, so it runs whatever the cache holds. The load keeps
             # the script cached for the next calls; EVAL alone may not (newer
             # Redis versions evict scripts that only EVAL brought in).
-            await client.script_load(self.source)
+            await self.load(client, keys)
             source = self.source.decode()
             return await client.eval(source, len(all_keys), *all_keys, *argv)
         except OutOfMemoryError as exc:  # refused before it ran: nothing written
@@ -113,6 +124,104 @@ class Script:
         except ResponseError as exc:
             _raise_for(exc)
             raise
+
+    async def load(self, client: Client, keys: QueueKeys) -> None:
+        """``SCRIPT LOAD`` on the server of *keys*: with a cluster, the node
+        owning their slot only (a load sent to every primary would fail
+        while one of them is down; the EVAL that follows runs anyway)."""
+        if not isinstance(client, RedisCluster):
+            await client.script_load(self.source)
+            return
+        with contextlib.suppress(*REDIS_FAILURES):
+            node = client.get_node_from_key(keys.ready)
+            await client.execute_command("SCRIPT LOAD", self.source, target_nodes=node)
+
+    async def replicated(
+        self,
+        client: Client,
+        keys: QueueKeys,
+        extra_keys: Sequence[str],
+        args: Sequence[EncodableT],
+        *,
+        replicas: int,
+        timeout_ms: int,
+    ) -> tuple[Any, int]:
+        """Run the script, then ``WAIT replicas timeout_ms`` on the same
+        connection; return its reply and how many replicas acknowledged its
+        writes (and every write before them: replication is one ordered
+        stream). It is sent again only after ``NOSCRIPT`` or a cluster
+        redirection, which mean it did not run."""
+        with cluster_glitches():
+            return await self._replicated(
+                client,
+                keys,
+                extra_keys,
+                args,
+                replicas=replicas,
+                timeout_ms=timeout_ms,
+            )
+
+    async def _replicated(
+        self,
+        client: Client,
+        keys: QueueKeys,
+        extra_keys: Sequence[str],
+        args: Sequence[EncodableT],
+        *,
+        replicas: int,
+        timeout_ms: int,
+    ) -> tuple[Any, int]:
+        all_keys = _fixed(keys, extra_keys)
+        argv = (keys.prefix, *args)
+        reply: Any = None
+        for _ in range(5):
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.execute_command(
+                    "EVALSHA", self.sha, len(all_keys), *all_keys, *argv
+                )
+                if isinstance(client, RedisCluster):
+                    node = client.get_node_from_key(keys.ready)
+                    pipe.execute_command(
+                        "WAIT", replicas, timeout_ms, target_nodes=node
+                    )
+                    reply, acked = await pipe.execute(  # type: ignore[call-arg]
+                        raise_on_error=False, allow_redirections=False
+                    )
+                else:
+                    pipe.execute_command("WAIT", replicas, timeout_ms)
+                    reply, acked = await pipe.execute(raise_on_error=False)
+            if isinstance(reply, NoScriptError):
+                await self.load(client, keys)
+                continue
+            if isinstance(client, RedisCluster) and isinstance(
+                reply, AskError | TryAgainError
+            ):
+                # Not run: a keyed read follows the redirection, which
+                # updates the client's slot map; then send both again.
+                await client.hget(keys.conf, "parts")
+                continue
+            break
+        if isinstance(reply, OutOfMemoryError):
+            raise QueueFullError(str(reply)) from reply
+        if isinstance(reply, ResponseError):
+            _raise_for(reply)
+        if isinstance(reply, Exception):
+            raise reply
+        if isinstance(acked, Exception):
+            raise acked
+        return reply, int(acked)
+
+
+def _fixed(keys: QueueKeys, extra_keys: Sequence[str]) -> tuple[str, ...]:
+    return (
+        keys.ready,
+        keys.delayed,
+        keys.leases,
+        keys.wake,
+        keys.fence,
+        keys.dead,
+        *extra_keys,
+    )
 
 
 _CORRUPT: Final = "aiogroupq corrupt "
@@ -136,6 +245,7 @@ DEAD: Final = Script("dead")
 WAIT: Final = Script("wait")
 IDENTITY: Final = Script("identity")
 CONTROL: Final = Script("control")
+META: Final = Script("meta")
 
 ALL_SCRIPTS: Final = (
     ENQUEUE,
@@ -148,6 +258,7 @@ ALL_SCRIPTS: Final = (
     WAIT,
     IDENTITY,
     CONTROL,
+    META,
 )
 
 
@@ -188,19 +299,66 @@ class GroupCorruptRefusal(Exception):
         self.index = index
 
 
+class StaleLayoutRefusal(Exception):
+    """``enqueue.lua`` refused the batch: a task does not belong in this
+    partition under the layout it holds (*stored*, e.g. ``"8"`` or
+    ``"8>12"``); the producer reads the layout again and routes anew."""
+
+    def __init__(self, stored: str) -> None:
+        super().__init__(stored)
+        self.stored = stored
+
+
+class NotReplicatedRefusal(Exception):
+    """The writes were made on the primary, but fewer replicas than asked
+    acknowledged them in time (the producer turns this into
+    NotReplicatedError)."""
+
+    def __init__(self, ids: list[str], acked: int) -> None:
+        super().__init__(ids, acked)
+        self.ids, self.acked = ids, acked
+
+
+#: the id ``enqueue.lua`` answers for a task whose group moved to its new
+#: partition (nothing written for it)
+MOVED: Final = ">"
+
+
+@dataclass(frozen=True, slots=True)
+class Routing:
+    """What a partitioned queue's enqueue carries (see ``enqueue.lua``):
+    the partition it goes to, and each task's group hash (None: no group)."""
+
+    partition: int
+    hashes: Sequence[int | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Replication:
+    """Wait for this many replicas to acknowledge, at most *timeout_ms*."""
+
+    replicas: int
+    timeout_ms: int
+
+
 async def enqueue(
-    client: Redis,
+    client: Client,
     keys: QueueKeys,
     tasks: Sequence[NewTask],
     *,
     dedup_window_ms: int,
+    routing: Routing | None = None,
+    replication: Replication | None = None,
 ) -> list[str]:
     """Add *tasks* in one atomic call; return each task's id (a deduplicated
     task's is the id of the task holding its key; "" for a schedule tick that
-    was enqueued already).
+    was enqueued already; :data:`MOVED` for a task whose group moved).
 
     :raises GroupFullRefusal: nothing written, a group would exceed its cap
     :raises GroupCorruptRefusal: nothing written, a group's key is damaged
+    :raises StaleLayoutRefusal: nothing written, a task belongs elsewhere
+    :raises NotReplicatedRefusal: written on the primary, not acknowledged
+        by enough replicas in time
     """
     args: list[EncodableT] = [dedup_window_ms, len(tasks)]
     for t in tasks:
@@ -219,16 +377,41 @@ async def enqueue(
             t.schedule or "",
             t.tick_ms,
         )
+    if routing is not None:
+        args.append(routing.partition)
+        args += ("" if h is None else h for h in routing.hashes)
+    acked = -1
     try:
-        reply = await ENQUEUE(client, keys, (), args)
+        if replication is None:
+            reply = await ENQUEUE(client, keys, (), args)
+        else:
+            reply, acked = await ENQUEUE.replicated(
+                client,
+                keys,
+                (),
+                args,
+                replicas=replication.replicas,
+                timeout_ms=replication.timeout_ms,
+            )
     except ResponseError as exc:
         words = str(exc).split()
         if words[:2] == ["aiogroupq", "group-full"]:
             raise GroupFullRefusal(*map(int, words[2:5])) from exc
         if words[:2] == ["aiogroupq", "group-corrupt"]:
             raise GroupCorruptRefusal(int(words[2])) from exc
+        if words[:2] == ["aiogroupq", "stale"]:
+            raise StaleLayoutRefusal(" ".join(words[2:3])) from exc
         raise
-    return [bytes(task_id).decode("utf-8", "replace") for task_id in reply]
+    ids = [bytes(task_id).decode("utf-8", "replace") for task_id in reply]
+    if replication is not None and acked < replication.replicas:
+        raise NotReplicatedRefusal(ids, acked)
+    return ids
+
+
+async def meta(client: Client, keys: QueueKeys, op: str, *args: str) -> str:
+    """Run a ``meta.lua`` operation on one partition; return the layout it
+    answers (``"1"``: one partition)."""
+    return _text(await META(client, keys, (), (op, *args)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,6 +438,7 @@ class ClaimReply:
     dead: tuple[str, ...] = ()  # tasks it dead-lettered (on_dead)
     problems: tuple[str, ...] = ()  # damaged keys it met
     expired: tuple[str, ...] = ()  # tasks it ended expired
+    replicated: bool = True  # enough replicas acknowledged it (if asked)
 
 
 def _texts(items: Any) -> tuple[str, ...]:
@@ -262,7 +446,7 @@ def _texts(items: Any) -> tuple[str, ...]:
 
 
 async def claim(
-    client: Redis,
+    client: Client,
     keys: QueueKeys,
     consumer: str,
     *,
@@ -272,26 +456,40 @@ async def claim(
     retention_ms: int = 3_600_000,
     promote_limit: int = 1000,
     recover_limit: int = 100,
+    replication: Replication | None = None,
 ) -> ClaimReply:
-    """Recover, promote, then claim up to *k* tasks for *consumer*."""
+    """Recover, promote, then claim up to *k* tasks for *consumer*.
+
+    With *replication*, the reply's ``replicated`` says whether enough
+    replicas acknowledged the claim in time.
+    """
     # The nonce makes a re-sent call (redis-py retrying after a lost reply)
     # return what the first one claimed instead of claiming more.
     nonce = os.urandom(8).hex()
-    reply = await CLAIM(
-        client,
-        keys,
-        (keys.inflight(consumer), keys.last_claim(consumer)),
-        (
-            consumer,
-            k,
-            lease_ms,
-            scan_limit,
-            promote_limit,
-            recover_limit,
-            nonce,
-            retention_ms,
-        ),
+    extra = (keys.inflight(consumer), keys.last_claim(consumer))
+    args = (
+        consumer,
+        k,
+        lease_ms,
+        scan_limit,
+        promote_limit,
+        recover_limit,
+        nonce,
+        retention_ms,
     )
+    replicated = True
+    if replication is None:
+        reply = await CLAIM(client, keys, extra, args)
+    else:
+        reply, acked = await CLAIM.replicated(
+            client,
+            keys,
+            extra,
+            args,
+            replicas=replication.replicas,
+            timeout_ms=replication.timeout_ms,
+        )
+        replicated = acked >= replication.replicas
     tasks = [
         Claimed(
             _text(reply[i]),
@@ -312,6 +510,7 @@ async def claim(
         _texts(reply[3]),
         _texts(reply[4]),
         _texts(reply[5]),
+        replicated,
     )
 
 
@@ -338,7 +537,7 @@ TASK_DAMAGED: Final = 5
 
 
 async def finish(
-    client: Redis, keys: QueueKeys, outcomes: Sequence[Outcome], *, retention_ms: int
+    client: Client, keys: QueueKeys, outcomes: Sequence[Outcome], *, retention_ms: int
 ) -> list[int]:
     """Apply *outcomes*; return APPLIED, APPLIED_AS_CANCEL, DUPLICATE,
     LEASE_LOST, GROUP_DAMAGED or TASK_DAMAGED for each."""
@@ -349,7 +548,7 @@ async def finish(
 
 
 async def recover(
-    client: Redis,
+    client: Client,
     keys: QueueKeys,
     consumer: str,
     *,
@@ -365,7 +564,7 @@ async def recover(
 
 
 async def identity(
-    client: Redis,
+    client: Client,
     keys: QueueKeys,
     name: str,
     op: str,
@@ -380,7 +579,7 @@ async def identity(
     return bytes(holder).decode()
 
 
-async def task_state(client: Redis, keys: QueueKeys, task_id: str) -> str | None:
+async def task_state(client: Client, keys: QueueKeys, task_id: str) -> str | None:
     """The state field of a task's hash, or None if there is no such task."""
     state: Any = await client.hget(keys.task(task_id), "s")
     return None if state is None else _text(state)
@@ -398,14 +597,14 @@ class DeadRow:
     attempts: int
 
 
-async def dead_rows(client: Redis, keys: QueueKeys, limit: int) -> list[DeadRow]:
+async def dead_rows(client: Client, keys: QueueKeys, limit: int) -> list[DeadRow]:
     """The oldest *limit* dead letters (two round trips: ids, then fields)."""
     entries: Any = await client.zrange(keys.dead, 0, limit - 1, withscores=True)
     return await _dead_rows(client, keys, entries)
 
 
 async def dead_rows_by_id(
-    client: Redis, keys: QueueKeys, ids: Sequence[str]
+    client: Client, keys: QueueKeys, ids: Sequence[str]
 ) -> list[DeadRow]:
     """The dead letters among *ids* (others are left out)."""
     async with client.pipeline(transaction=False) as pipe:
@@ -421,7 +620,7 @@ async def dead_rows_by_id(
 
 
 async def _dead_rows(
-    client: Redis, keys: QueueKeys, entries: Sequence[tuple[bytes, float]]
+    client: Client, keys: QueueKeys, entries: Sequence[tuple[bytes, float]]
 ) -> list[DeadRow]:
     async with client.pipeline(transaction=False) as pipe:
         for task_id, _ in entries:
@@ -472,17 +671,22 @@ CANCEL_REQUESTED: Final = 2
 
 
 async def heartbeat(
-    client: Redis,
+    client: Client,
     keys: QueueKeys,
     leases: Sequence[tuple[str, int]],
     *,
     lease_ms: int,
     consumer: str | None = None,
     registration: Sequence[tuple[str, EncodableT]] = (),
+    replication: Replication | None = None,
 ) -> list[int]:
     """Extend *leases* (task id, token); return ALIVE, LOST or CANCEL_REQUESTED
     for each. With *consumer*, also record it in the consumer registry with
-    the *registration* fields (host, pid, in-flight count, ...)."""
+    the *registration* fields (host, pid, in-flight count, ...).
+
+    :raises NotReplicatedRefusal: with *replication*, when too few replicas
+        acknowledged the extension in time (its ``ids`` are the codes)
+    """
     args: list[EncodableT] = [lease_ms, len(leases)]
     for task_id, token in leases:
         args += (task_id, token)
@@ -492,7 +696,20 @@ async def heartbeat(
         args.append(consumer)
         for name, value in registration:
             args += (name, value)
-    return [int(code) for code in await HEARTBEAT(client, keys, extra, args)]
+    if replication is None:
+        return [int(code) for code in await HEARTBEAT(client, keys, extra, args)]
+    reply, acked = await HEARTBEAT.replicated(
+        client,
+        keys,
+        extra,
+        args,
+        replicas=replication.replicas,
+        timeout_ms=replication.timeout_ms,
+    )
+    codes = [int(code) for code in reply]
+    if acked < replication.replicas:
+        raise NotReplicatedRefusal([str(code) for code in codes], acked)
+    return codes
 
 
 NOT_FOUND: Final = 0
@@ -502,7 +719,7 @@ FINISHED: Final = 3
 
 
 async def cancel(
-    client: Redis, keys: QueueKeys, task_id: str, *, retention_ms: int
+    client: Client, keys: QueueKeys, task_id: str, *, retention_ms: int
 ) -> int:
     """Cancel *task_id*: NOT_FOUND, CANCELLED, REQUESTED (running) or FINISHED."""
     return int(await CANCEL(client, keys, (), (retention_ms, task_id)))
@@ -513,7 +730,7 @@ DEAD_BATCH: Final = 500
 
 
 async def dead_action(
-    client: Redis, keys: QueueKeys, op: str, targets: Sequence[str]
+    client: Client, keys: QueueKeys, op: str, targets: Sequence[str]
 ) -> int:
     """``requeue``/``purge`` dead task ids or ``release`` halted groups, in
     calls of at most :data:`DEAD_BATCH`; return how many were acted on."""
@@ -524,14 +741,14 @@ async def dead_action(
     return done
 
 
-async def dead_ids(client: Redis, keys: QueueKeys, limit: int) -> list[str]:
+async def dead_ids(client: Client, keys: QueueKeys, limit: int) -> list[str]:
     """The oldest *limit* dead task ids."""
     ids: Any = await client.zrange(keys.dead, 0, limit - 1)
     return [bytes(task_id).decode() for task_id in ids]
 
 
 async def wait_done(
-    client: Redis, keys: QueueKeys, task_id: str, timeout: float, block_cap: float
+    client: Client, keys: QueueKeys, task_id: str, timeout: float, block_cap: float
 ) -> tuple[str | None, bytes | None, str]:
     """Wait up to *timeout* s for *task_id* to end; return (state, result, reason).
 
@@ -560,6 +777,6 @@ async def wait_done(
             # else a stale token (a dead letter requeued since): dropped
 
 
-async def control(client: Redis, keys: QueueKeys, op: str, *args: EncodableT) -> int:
+async def control(client: Client, keys: QueueKeys, op: str, *args: EncodableT) -> int:
     """Run a ``control.lua`` operation; return how many tasks became runnable."""
     return int(await CONTROL(client, keys, (), (op, *args)))

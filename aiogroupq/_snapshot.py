@@ -30,11 +30,11 @@ from redis.crc import key_slot
 from redis.exceptions import ResponseError
 
 from ._codec import describe_decode_error, unpack
+from ._connection import node_of
 from ._runner import ENVELOPE_OVERHEAD, _out_of_range
 
 if TYPE_CHECKING:
-    from redis.asyncio import Redis
-
+    from ._connection import Client
     from ._keys import QueueKeys
 
 _LIVE: Final = frozenset({"queued", "delayed", "running"})
@@ -199,7 +199,7 @@ def _raw(key: str) -> bytes:
 
 
 async def _run(
-    client: Redis, calls: Sequence[tuple[str, tuple[Any, ...]]]
+    client: Client, calls: Sequence[tuple[str, tuple[Any, ...]]]
 ) -> list[Any]:
     """Run ``(command, args)`` pairs in pipelined chunks; errors come back as
     exception objects in place of their reply, not raised."""
@@ -212,7 +212,7 @@ async def _run(
     return out
 
 
-async def _read_all(client: Redis, key: str, kind: str) -> list[Any] | None:
+async def _read_all(client: Client, key: str, kind: str) -> list[Any] | None:
     """Every element of a list, set or zset (zset: member, score pairs), in
     slices; ``None`` if the key holds another type."""
     raw = _raw(key)
@@ -238,7 +238,7 @@ async def _read_all(client: Redis, key: str, kind: str) -> list[Any] | None:
         raise
 
 
-async def _types(client: Redis, names: Sequence[str]) -> list[str]:
+async def _types(client: Client, names: Sequence[str]) -> list[str]:
     replies = await _run(client, [("TYPE", (_raw(name),)) for name in names])
     for reply in replies:
         if isinstance(reply, Exception):  # e.g. NOPERM: no snapshot to judge
@@ -259,7 +259,7 @@ def _classify(keys: QueueKeys, name: str) -> tuple[str, str, str] | None:
 
 
 async def read(
-    client: Redis, keys: QueueKeys, *, max_payload: int = DEFAULT_MAX_PAYLOAD
+    client: Client, keys: QueueKeys, *, max_payload: int = DEFAULT_MAX_PAYLOAD
 ) -> Snapshot:
     """Read every key of a queue into a :class:`Snapshot` (no judgement yet,
     only the facts reading finds: keys outside the slot, unknown keys, wrong
@@ -267,7 +267,12 @@ async def read(
     snap = Snapshot(keys)
     slot = key_slot(_raw(keys.ready))
     names = sorted(
-        {_text(raw) async for raw in client.scan_iter(match=keys.pattern(), count=1000)}
+        {
+            _text(raw)
+            async for raw in client.scan_iter(
+                match=keys.pattern(), count=1000, **node_of(client, keys.ready)
+            )
+        }
     )
     snap.empty = not names
     classified: list[tuple[str, str, str, str]] = []  # family, item, key, type
@@ -374,7 +379,7 @@ def _store_small(snap: Snapshot, family: str, item: str, reply: Any) -> None:
 
 
 async def _read_tasks(
-    client: Redis, snap: Snapshot, ids: list[str], max_payload: int
+    client: Client, snap: Snapshot, ids: list[str], max_payload: int
 ) -> None:
     calls: list[tuple[str, tuple[Any, ...]]] = []
     for task_id in ids:
@@ -423,7 +428,7 @@ async def _read_tasks(
     await _read_envelopes(client, snap, max_payload)
 
 
-async def _read_envelopes(client: Redis, snap: Snapshot, max_payload: int) -> None:
+async def _read_envelopes(client: Client, snap: Snapshot, max_payload: int) -> None:
     """Hold each live task's envelope to what a consumer checks before it runs
     one (``_runner.py``): its size, that it decodes, its payload's size and
     the envelope's own bounds."""

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 from datetime import datetime, timedelta
-from typing import Final
+from typing import Final, Literal
 
+from ._scripts import Replication
 from .errors import ConfigurationError, InvalidGroupError, InvalidTaskError
 
 #: longest group key, task type and dedup key, in UTF-8 bytes
@@ -167,3 +168,22 @@ def setting_int(name: str, value: object, *, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigurationError(f"{name} must be an int >= {minimum}, got {value!r}")
     return value
+
+
+Durability = Literal["primary", "replicated"]
+"""``"primary"``: a write is acknowledged once the primary made it;
+``"replicated"``: once a replica acknowledged it too (``WAIT 1``)."""
+
+#: how long a replicated write waits for a replica's acknowledgement (ms)
+REPLICA_WAIT_MS: Final = 2000
+
+
+def durability(value: object) -> Replication | None:
+    """What ``durability=`` asks for: None, or the replication to wait for."""
+    if value == "primary":
+        return None
+    if value == "replicated":
+        return Replication(1, REPLICA_WAIT_MS)
+    raise ConfigurationError(
+        f"durability must be 'primary' or 'replicated', got {value!r}"
+    )

@@ -212,6 +212,9 @@ class QueueStats:
         ``recovered`` (ended tasks are kept readable for their retention
         window; these totals stand for them, as counting them one by one
         would need a scan)
+    :ivar partitions: the queue's partitions (counts are their sums)
+    :ivar partitions_target: while the queue is being repartitioned, the
+        partition count it moves to, else ``None``
     """
 
     queue: str
@@ -235,6 +238,8 @@ class QueueStats:
     oldest_waiting: float | None
     next_due_in: float | None
     totals: Mapping[str, int]
+    partitions: int = 1
+    partitions_target: int | None = None
 
     @property
     def waiting(self) -> int:

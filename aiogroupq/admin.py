@@ -24,10 +24,18 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Self
 
 import anyio
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 
-from . import _observe, _scripts, _validate
-from ._connection import RedisLike, open_client, unavailable_as_error
-from ._keys import QueueKeys
+from . import _aggregate, _layout, _observe, _repartition, _scripts, _validate
+from ._connection import (
+    Client,
+    RedisLike,
+    check_server,
+    open_client,
+    unavailable_as_error,
+)
+from ._fanout import each_partition
+from ._partition import Partitions, check_count
 from ._views import (
     ConsumerInfo,
     GroupInfo,
@@ -39,6 +47,7 @@ from ._views import (
 from .errors import ConfigurationError, InvalidGroupError, TaskNotFoundError
 
 if TYPE_CHECKING:
+    from ._keys import QueueKeys
     from .task import TaskState
 
 #: most slots a group may have
@@ -134,17 +143,26 @@ class Admin(anyio.AsyncContextManagerMixin):
     :param redis: a ``redis://`` URL, or a ``redis.asyncio.Redis`` client to
         borrow (never closed by us; must have ``decode_responses=False``)
     :param queue: the queue name
+    :param partitions: as for :class:`Producer` (None: what the queue stores).
+        A partitioned queue's settings go to every partition, a group's to
+        its own, and the views sum up or merge the partitions'
     :raises ConfigurationError: if an argument is unusable
     """
 
-    def __init__(self, redis: RedisLike, *, queue: str) -> None:
-        self._keys = QueueKeys(queue)
-        if not isinstance(redis, str | Redis):
+    def __init__(
+        self, redis: RedisLike, *, queue: str, partitions: int | None = None
+    ) -> None:
+        self._parts = Partitions(queue)
+        self._keys = self._parts.keys(0)
+        self._requested = (
+            None if partitions is None else check_count("partitions", partitions)
+        )
+        if not isinstance(redis, str | Redis | RedisCluster):
             raise ConfigurationError(
                 f"expected a redis:// URL or a redis.asyncio.Redis client, got {redis!r}"
             )
         self._redis = redis
-        self._client: Redis | None = None
+        self._client: Client | None = None
 
     @property
     def queue(self) -> str:
@@ -154,13 +172,25 @@ class Admin(anyio.AsyncContextManagerMixin):
     @asynccontextmanager
     async def __asynccontextmanager__(self) -> AsyncGenerator[Self]:
         async with open_client(self._redis, retry=True) as client:
+            await check_server(client, eviction=False)
+            await self._open_layout(client)
             self._client = client
             try:
                 yield self
             finally:
                 self._client = None
 
-    def _open_client(self) -> Redis:
+    @unavailable_as_error
+    async def _open_layout(self, client: Client) -> None:
+        await _layout.open_layout(client, self._parts, self._requested)
+
+    async def _current(self) -> Partitions:
+        """The partitions, with the layout read again (another client may
+        have repartitioned the queue since we entered)."""
+        await _layout.refresh(self._open_client(), self._parts)
+        return self._parts
+
+    def _open_client(self) -> Client:
         if self._client is None:
             raise RuntimeError(
                 "this Admin is not open: use it inside 'async with Admin(...)'"
@@ -203,23 +233,25 @@ class Admin(anyio.AsyncContextManagerMixin):
         if priority is not None:
             _check_int("priority", priority, 0, _validate.MAX_PRIORITY)
         rn, rp = _rate_args(rate, allow_false=True)
-        await _scripts.control(
-            self._open_client(),
-            self._keys,
-            "group",
-            name,
-            "" if concurrency is None else concurrency,
-            rn,
-            rp,
-            "" if max_size is None else max_size,
-            "" if priority is None else priority,
-        )
+        for keys in (await self._current()).of_group(name):
+            await _scripts.control(
+                self._open_client(),
+                keys,
+                "group",
+                name,
+                "" if concurrency is None else concurrency,
+                rn,
+                rp,
+                "" if max_size is None else max_size,
+                "" if priority is None else priority,
+            )
 
     @unavailable_as_error
     async def group_settings(self, group: str) -> GroupSettings:
         """A group's own settings (all ``None`` if it has none)."""
         name = _group_name(group)
-        raw: Any = await self._open_client().hgetall(self._keys.group_conf(name))
+        keys = (await self._current()).of_group(name)[-1]
+        raw: Any = await self._open_client().hgetall(keys.group_conf(name))
         fields = {bytes(k).decode(): bytes(v).decode() for k, v in raw.items()}
         rate: Rate | Literal[False] | None = None
         if "rn" in fields:
@@ -236,16 +268,16 @@ class Admin(anyio.AsyncContextManagerMixin):
     async def pause_group(self, group: str) -> None:
         """Start no new task of the group; running ones finish. Its waiting
         tasks keep their order and are shown as paused."""
-        await _scripts.control(
-            self._open_client(), self._keys, "pause", _group_name(group)
-        )
+        name = _group_name(group)
+        for keys in (await self._current()).of_group(name):
+            await _scripts.control(self._open_client(), keys, "pause", name)
 
     @unavailable_as_error
     async def resume_group(self, group: str) -> None:
         """Let a paused group start tasks again, in order."""
-        await _scripts.control(
-            self._open_client(), self._keys, "resume", _group_name(group)
-        )
+        name = _group_name(group)
+        for keys in (await self._current()).of_group(name):
+            await _scripts.control(self._open_client(), keys, "resume", name)
 
     # -- the queue ------------------------------------------------------------
 
@@ -288,23 +320,27 @@ class Admin(anyio.AsyncContextManagerMixin):
             )
         )
         client = self._open_client()
-        await _scripts.control(
-            client,
-            self._keys,
-            "queue",
-            "drain" if fairness == "drain" else "",
-            "" if group_concurrency == 1 else group_concurrency,
-            rn,
-            rp,
-            aging,
-        )
-        # A raised default concurrency frees slots of groups with a line.
-        start = 0
-        while groups := await client.zrange(
-            self._keys.backlog, start, start + _REFILL_BATCH - 1
-        ):
-            await _scripts.control(client, self._keys, "refill", *groups)
-            start += _REFILL_BATCH
+
+        async def apply(keys: QueueKeys) -> None:
+            await _scripts.control(
+                client,
+                keys,
+                "queue",
+                "drain" if fairness == "drain" else "",
+                "" if group_concurrency == 1 else group_concurrency,
+                rn,
+                rp,
+                aging,
+            )
+            # A raised default concurrency frees slots of groups with a line.
+            start = 0
+            while groups := await client.zrange(
+                keys.backlog, start, start + _REFILL_BATCH - 1
+            ):
+                await _scripts.control(client, keys, "refill", *groups)
+                start += _REFILL_BATCH
+
+        await each_partition((await self._current()).all(), apply)
 
     @unavailable_as_error
     async def settings(self) -> QueueSettings:
@@ -327,12 +363,20 @@ class Admin(anyio.AsyncContextManagerMixin):
     async def pause(self) -> None:
         """Start no new task anywhere in the queue; running ones finish, and
         enqueues are still accepted."""
-        await _scripts.control(self._open_client(), self._keys, "qpause")
+        await self._everywhere("qpause")
 
     @unavailable_as_error
     async def resume(self) -> None:
         """Let a paused queue start tasks again."""
-        await _scripts.control(self._open_client(), self._keys, "qresume")
+        await self._everywhere("qresume")
+
+    async def _everywhere(self, op: str) -> None:
+        client = self._open_client()
+
+        async def apply(keys: QueueKeys) -> None:
+            await _scripts.control(client, keys, op)
+
+        await each_partition((await self._current()).all(), apply)
 
     # -- views ----------------------------------------------------------------
 
@@ -346,7 +390,10 @@ class Admin(anyio.AsyncContextManagerMixin):
 
         :raises CorruptQueueError: if a key it reads holds the wrong type
         """
-        return await _observe.queue_stats(self._open_client(), self._keys)
+        parts = await self._current()
+        if not parts.partitioned:
+            return await _observe.queue_stats(self._open_client(), self._keys)
+        return await _aggregate.queue_stats(self._open_client(), parts)
 
     @unavailable_as_error
     async def group_info(self, group: str) -> GroupInfo:
@@ -356,8 +403,9 @@ class Admin(anyio.AsyncContextManagerMixin):
         :raises InvalidGroupError: for a bad group name
         """
         name = _group_name(group)
-        infos = await _observe.group_infos(self._open_client(), self._keys, [name])
-        return infos[0]
+        return await _aggregate.group_info(
+            self._open_client(), await self._current(), name
+        )
 
     @unavailable_as_error
     async def groups(
@@ -377,8 +425,17 @@ class Admin(anyio.AsyncContextManagerMixin):
             raise ConfigurationError(f"sort must be one of {_SORTS}, got {sort!r}")
         _check_int("limit", limit, 1, MAX_PAGE)
         _check_int("cursor", cursor, 0, 2**63 - 1)
-        return await _observe.group_page(
-            self._open_client(), self._keys, sort, cursor, limit
+        parts = await self._current()
+        if not parts.partitioned:
+            return await _observe.group_page(
+                self._open_client(),
+                self._keys,
+                sort,
+                cursor,
+                limit,
+            )
+        return await _aggregate.group_page(
+            self._open_client(), parts, sort, cursor, limit
         )
 
     @unavailable_as_error
@@ -389,8 +446,9 @@ class Admin(anyio.AsyncContextManagerMixin):
         :raises TaskNotFoundError: for an unknown (or expired) id
         :raises CorruptTaskError: if its stored state is not a TaskState
         """
+        checked = _validate.task_id(task_id)
         details = await _observe.task_details(
-            self._open_client(), self._keys, _validate.task_id(task_id)
+            self._open_client(), self._parts.of_id(checked), checked
         )
         if details is None:
             raise TaskNotFoundError(task_id)
@@ -414,7 +472,7 @@ class Admin(anyio.AsyncContextManagerMixin):
         :raises CorruptTaskError: if a stored state is not a TaskState
         """
         ids = [_validate.task_id(t) for t in _observe.id_list(task_ids)]
-        return await _observe.statuses(self._open_client(), self._keys, ids)
+        return await _aggregate.statuses(self._open_client(), self._parts, ids)
 
     @unavailable_as_error
     async def consumers(self, *, limit: int = 1000) -> list[ConsumerInfo]:
@@ -425,6 +483,43 @@ class Admin(anyio.AsyncContextManagerMixin):
         """
         _check_int("limit", limit, 1, 100_000)
         return await _observe.consumer_list(self._open_client(), self._keys, limit)
+
+    # -- partitions -----------------------------------------------------------
+
+    @unavailable_as_error
+    async def partitions(self) -> tuple[int, int | None]:
+        """The queue's partition count, and while it is being repartitioned
+        the count it moves to (else ``None``)."""
+        layout = (await self._current()).layout
+        return layout.parts, layout.target
+
+    @unavailable_as_error
+    async def start_repartition(self, partitions: int) -> None:
+        """Begin moving the queue to *partitions* partitions, live.
+
+        Each group keeps its order: its new tasks go to its old partition
+        while it has live tasks there, and to its new one after (see
+        docs/scaling.md); consumers claim from both meanwhile. Call
+        :meth:`finish_repartition` until it reports nothing left. Calling
+        this again with the same count resumes an interrupted start.
+
+        :raises ConfigurationError: for a bad count, the current count, or
+            while a repartition to another count is under way
+        """
+        await _repartition.start(self._open_client(), self._parts, partitions)
+
+    @unavailable_as_error
+    async def finish_repartition(self) -> list[str]:
+        """Complete a repartition if no group has live tasks outside its new
+        partition any more and no partition beyond the new count holds
+        tasks; return what it still waits for (empty: finished).
+
+        :raises ConfigurationError: if no repartition is under way
+        """
+        shown, total = await _repartition.finish(self._open_client(), self._parts)
+        if total > len(shown):
+            shown.append(f"... and {total - len(shown)} more")
+        return shown
 
 
 def _group_name(group: object) -> str:

@@ -80,11 +80,11 @@ from redis.exceptions import RedisError
 
 from . import __version__, _cli_dashboard, _cli_ops
 from ._connection import safe_url
-from ._fsck import DEFAULT_MAX_PAYLOAD, examine_queue
+from ._fsck import DEFAULT_MAX_PAYLOAD, examine_partitions
 from ._handlers import build_routes
 from ._keys import QueueKeys, validate_queue_name
 from ._logging import configure as configure_logging
-from ._repair import repair_keys
+from ._repair import repair_partitions
 from ._schedule import Schedule
 from .consumer import Consumer
 from .errors import ConfigurationError, MissingExtraError, RedisUnavailableError
@@ -156,9 +156,11 @@ def main(argv: list[str] | None = None) -> int:
 
 async def _check(redis_url: str, queue: str, repair: bool, max_payload: int) -> int:
     try:
-        keys = QueueKeys(queue)
-        snap, problems = await examine_queue(redis_url, keys, max_payload=max_payload)
-        if snap.empty:
+        QueueKeys(queue)  # a bad name is refused before connecting
+        snaps, problems = await examine_partitions(
+            redis_url, queue, max_payload=max_payload
+        )
+        if all(snap.empty for snap in snaps):
             # Most likely a misspelt name or another database: "0 problems"
             # would read as a clean bill of health.
             print(f"queue {queue!r} has no keys (check the name and the database)")
@@ -168,7 +170,9 @@ async def _check(redis_url: str, queue: str, repair: bool, max_payload: int) -> 
         print(f"queue {queue!r}: {len(problems)} problems")
         if not repair or not problems:
             return 1 if problems else 0
-        done, problems = await repair_keys(redis_url, keys, max_payload=max_payload)
+        done, problems = await repair_partitions(
+            redis_url, queue, max_payload=max_payload
+        )
     except (ConfigurationError, RedisUnavailableError) as exc:
         raise UsageError(f"Redis at {safe_url(redis_url)}: {exc}") from None
     for change in done:

@@ -22,27 +22,31 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager, context
 from dataclasses import dataclass
 from datetime import timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING, Final, Self
+from typing import TYPE_CHECKING, Final, Literal, Self
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
+from redis.asyncio.cluster import RedisCluster
 
-from . import _scripts
+from . import _layout, _scripts, _validate
 from ._connection import (
+    REDIS_FAILURES,
+    Client,
     RedisLike,
+    check_replicas,
     check_server,
     open_client,
-    socket_timeout,
     translated_errors,
 )
+from ._fanout import by_partition, each_partition
+from ._fetcher import FetchContext, Fetcher, SlotPool
 from ._finisher import Finisher
 from ._handlers import Handler, HandlerFunc, build_routes
 from ._identity import Identity
-from ._keys import QueueKeys
 from ._observer import EventKind, Observer, Observers, check_observers
+from ._partition import Partitions, check_count
 from ._registry import leave_registry
 from ._runner import RetryPolicy, Running, run_task
 from ._schedule import Schedule, Scheduler
@@ -52,25 +56,22 @@ from .errors import (
     ConfigurationError,
     ConsumerRunningError,
     PayloadTooLargeError,
-    QueueFullError,
 )
 from .producer import DEFAULT_MAX_PAYLOAD_BYTES
 
 if TYPE_CHECKING:
     from redis.typing import EncodableT
 
+    from ._keys import QueueKeys
     from .task import DeadLetter
 
 logger: logging.Logger = logging.getLogger(__name__)
 
-#: longest a fetcher blocks on the wake list before it claims anyway
-MAX_BLOCK: Final = 1.0
 #: most tasks one claim call takes
 DEFAULT_CLAIM_BATCH: Final = 32
-#: slack for the server's cron tick, on which blocking pops time out
-_SERVER_TICK: Final = 0.25
-#: Redis errors after which the fetcher backs off and tries again
-_BACKOFF_FIRST, _BACKOFF_MAX = 0.05, 5.0
+#: seconds between two reads of the queue's partition layout (a repartition
+#: reaches every consumer within this)
+LAYOUT_POLL: Final = 1.0
 #: random bytes in a generated consumer name: nobody can guess a live
 #: consumer's name and take over its tasks by naming itself so
 _NAME_RANDOM_BYTES: Final = 8
@@ -145,6 +146,14 @@ class Consumer:
     :param observers: instances of :class:`~aiogroupq.Observer` that
         receive this consumer's events and wrap its handler runs (metrics,
         traces)
+    :param partitions: how many partitions the queue has (None: what the
+        queue stores); as for :class:`Producer`. The consumer claims from
+        every partition, with one blocking connection per partition
+    :param durability: ``"replicated"``: a claim starts its tasks only once
+        a replica acknowledged it, and a heartbeat extends leases only once
+        a replica acknowledged the extension, so that a failover can neither
+        run a task twice at once nor start a group's tasks out of order
+        (docs/guarantees.md); ``"primary"`` (the default) does not wait
     :raises ConfigurationError: if an argument is unusable
     :raises PayloadTooLargeError: if a schedule's payload is over
         *max_payload_bytes*
@@ -169,14 +178,21 @@ class Consumer:
         schedules: Iterable[Schedule] = (),
         allow_eviction: bool = False,
         observers: Sequence[Observer] = (),
+        partitions: int | None = None,
+        durability: Literal["primary", "replicated"] = "primary",
     ) -> None:
-        self._keys = QueueKeys(queue)
+        self._parts = Partitions(queue)
+        self._keys = self._parts.keys(0)
+        self._requested = (
+            None if partitions is None else check_count("partitions", partitions)
+        )
+        self._replication = _validate.durability(durability)
         self._routes = build_routes(handlers)
         observed = Observers(queue, check_observers(observers))
         setting_int("concurrency", concurrency)
         setting_int("claim_batch", claim_batch)
         self._max_payload_bytes = setting_int("max_payload_bytes", max_payload_bytes)
-        if not isinstance(redis, str | Redis):
+        if not isinstance(redis, str | Redis | RedisCluster):
             raise ConfigurationError(
                 f"expected a redis:// URL or a redis.asyncio.Redis client, got {redis!r}"
             )
@@ -218,10 +234,9 @@ class Consumer:
         # take over its running tasks at start, and a group would run twice.
         self._identity = Identity(self._keys, self.name, self._lease_ttl)
         self._running: dict[str, Running] = {}
-        self._free = concurrency
-        self._free_changed = anyio.Event()
-        self._stopping = False
-        self._block_scope: anyio.CancelScope | None = None
+        self._slots = SlotPool(concurrency)
+        self._stopped = anyio.Event()
+        self._fetchers: dict[int, Fetcher] = {}
         self._telemetry = Telemetry(
             observed,
             lease_ttl=self._lease_ttl,
@@ -267,7 +282,7 @@ class Consumer:
                 raise PayloadTooLargeError(
                     len(schedule._encoded), self._max_payload_bytes
                 )
-        return Scheduler(self._keys, items) if items else None
+        return Scheduler(self._parts, items) if items else None
 
     @property
     def queue(self) -> str:
@@ -331,14 +346,17 @@ class Consumer:
     @asynccontextmanager
     async def __asynccontextmanager__(self) -> AsyncGenerator[Self]:
         # A fresh run: nothing of a previous one may leak into it.
-        self._stopping = False
         self._running = {}
-        self._free = self._concurrency
-        self._free_changed = anyio.Event()
-        self._block_scope = None
+        self._slots = SlotPool(self._concurrency)
+        self._stopped = anyio.Event()
+        self._fetchers = {}
         self._dead_notices = {}
         async with open_client(self._redis, retry=False) as client:
             await check_server(client, eviction=not self._allow_eviction)
+            with translated_errors():
+                await _layout.open_layout(client, self._parts, self._requested)
+            if self._replication is not None:
+                await check_replicas(client)
             with translated_errors():
                 await self._identity.acquire(client)
             # Registered (aiogroupq consumers) before it claims anything; each
@@ -346,7 +364,7 @@ class Consumer:
             await self._heartbeat(client)
             finisher = self._finisher = Finisher(
                 client,
-                self._keys,
+                self._parts,
                 retention_ms=self._retention_ms,
                 on_done=self._recorded,
             )
@@ -363,7 +381,7 @@ class Consumer:
                     outer.start_soon(self._telemetry.watchdog.run)
                     try:
                         async with anyio.create_task_group() as inner:
-                            await inner.start(self._fetch_loop, client, send)
+                            await inner.start(self._fetch_all, client, send)
                             for _ in range(self._concurrency):
                                 inner.start_soon(
                                     self._work_loop, receive.clone(), finisher
@@ -383,7 +401,7 @@ class Consumer:
 
     async def _wind_down(
         self,
-        client: Redis,
+        client: Client,
         send: MemoryObjectSendStream[Running],
         receive: MemoryObjectReceiveStream[Running],
         finisher: Finisher,
@@ -402,174 +420,97 @@ class Consumer:
                 "recovered when their leases expire",
                 left,
             )
+
         # A claim cancelled after the server ran it left tasks we never saw in
         # our recovery key: give them back now, not at lease expiry.
-        with contextlib.suppress(RedisError, OSError):
-            given_back, _ = await _scripts.recover(
-                client,
-                self._keys,
-                self.name,
-                counted=False,
-                retention_ms=self._retention_ms,
-                keep=list(self._running),
-            )
-            if given_back:
-                logger.info("gave back %d tasks claimed while stopping", given_back)
-        with contextlib.suppress(RedisError, OSError):
+        async def recover(keys: QueueKeys) -> int:
+            with contextlib.suppress(*REDIS_FAILURES):
+                given_back, _ = await _scripts.recover(
+                    client,
+                    keys,
+                    self.name,
+                    counted=False,
+                    retention_ms=self._retention_ms,
+                    keep=[i for i in self._running if keys.owns(i)],
+                )
+                return given_back
+            return 0
+
+        given_back = sum(await each_partition(self._parts.all(), recover))
+        if given_back:
+            logger.info("gave back %d tasks claimed while stopping", given_back)
+        with contextlib.suppress(*REDIS_FAILURES):
             await self._identity.release(client)
         # A clean exit: out of the registry rather than listed as gone.
-        with contextlib.suppress(RedisError, OSError):
+        with contextlib.suppress(*REDIS_FAILURES):
             await leave_registry(client, self._keys, self.name)
 
     def _stop_claiming(self) -> None:
-        self._stopping = True
+        self._slots.close()
+        self._stopped.set()
         if self._scheduler is not None:
             self._scheduler.stop()
-        if self._block_scope is not None:
-            self._block_scope.cancel()
-        self._free_changed.set()
+        for fetcher in self._fetchers.values():
+            fetcher.wake()
 
     # -- claiming ----------------------------------------------------------
 
-    async def _fetch_loop(
+    async def _fetch_all(
         self,
-        client: Redis,
+        client: Client,
         send: MemoryObjectSendStream[Running],
         *,
         task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
-        block_cap = MAX_BLOCK
-        if (limit := socket_timeout(client)) is not None:
-            # A blocking pop longer than the socket timeout would be cut off.
-            block_cap = max(0.05, min(MAX_BLOCK, limit - 0.5, limit / 2))
-        lease_ms = round(self._lease_ttl * 1000)
-        backoff = _BACKOFF_FIRST
-        # A previous incarnation with our name may have died holding tasks:
-        # they go back to the front of their groups now, not at lease expiry.
-        reconcile: bool | None = True
+        """Run one fetcher per partition, claiming when this returns; follow
+        the queue's layout (a repartition adds or retires partitions)."""
+        ctx = FetchContext(
+            name=self.name,
+            queue=self.queue,
+            lease_ttl=self._lease_ttl,
+            retention_ms=self._retention_ms,
+            claim_batch=self._claim_batch,
+            replication=self._replication,
+            slots=self._slots,
+            running=self._running,
+            counts=self._counts,
+            dead_elsewhere=self._dead_elsewhere,
+            expired=self._expired,
+            hand_back=lambda running: self._hand_back(running, self._finisher),
+        )
         self._telemetry.banner(
             self.name, sorted(self._routes), self._concurrency, self._grace_period
         )
-        task_status.started()
-        async with send:
-            while not self._stopping:
-                if reconcile is not None:
-                    try:
-                        given_back, dead = await _scripts.recover(
-                            client,
-                            self._keys,
-                            self.name,
-                            counted=reconcile,
-                            retention_ms=self._retention_ms,
-                            keep=list(self._running),
-                        )
-                    except (RedisError, OSError) as exc:
-                        logger.warning(
-                            "recovery failed (%s); retrying in %.2fs", exc, backoff
-                        )
-                        await self._block(None, backoff)
-                        backoff = min(backoff * 2, _BACKOFF_MAX)
-                        continue
-                    self._dead_elsewhere(client, dead)
-                    if given_back:
-                        logger.warning(
-                            "consumer %s gave back %d tasks it held but was not "
-                            "running (%s)",
-                            self.name,
-                            given_back,
-                            "previous incarnation" if reconcile else "lost reply",
-                        )
-                    reconcile = None
-                if self._free == 0:
-                    self._free_changed = anyio.Event()
-                    await self._free_changed.wait()
-                    continue
-                k = min(self._free, self._claim_batch)
-                sent_at = anyio.current_time()
+        async with send, anyio.create_task_group() as tg:
+
+            async def follow() -> None:
+                for partition in range(self._parts.layout.count):
+                    if partition not in self._fetchers:
+                        fetcher = Fetcher(ctx, self._parts.keys(partition))
+                        self._fetchers[partition] = fetcher
+                        await tg.start(fetcher.run, client, send.clone())
+                for partition, fetcher in list(self._fetchers.items()):
+                    if partition >= self._parts.layout.count:
+                        fetcher.retire()
+                        del self._fetchers[partition]
+
+            await follow()
+            task_status.started()
+            while True:
+                with anyio.move_on_after(LAYOUT_POLL):
+                    await self._stopped.wait()
+                if self._stopped.is_set():
+                    break
                 try:
-                    reply = await _scripts.claim(
-                        client,
-                        self._keys,
-                        self.name,
-                        k=k,
-                        lease_ms=lease_ms,
-                        scan_limit=k + 64,
-                        retention_ms=self._retention_ms,
-                    )
-                except (RedisError, OSError, QueueFullError) as exc:
-                    # QueueFullError: Redis is out of memory and refused the
-                    # claim before it ran; work in flight can still finish.
-                    logger.warning("claim failed (%s); retrying in %.2fs", exc, backoff)
-                    # The script may have run and its reply been lost: what it
-                    # claimed sits in our recovery key; give it back first.
-                    reconcile = False
-                    await self._block(None, backoff)
-                    backoff = min(backoff * 2, _BACKOFF_MAX)
-                    continue
-                backoff = _BACKOFF_FIRST
-                for problem in reply.problems:
-                    logger.error(
-                        "damaged key in queue %r: %s; run 'aiogroupq check --repair'",
-                        self.queue,
-                        problem,
-                    )
-                self._dead_elsewhere(client, reply.dead)
-                for task_id in reply.expired:
-                    self._telemetry.emit(EventKind.EXPIRED, None, task_id=task_id)
-                deadline = sent_at + self._local_lease()
-                for claimed in reply.tasks:
-                    running = Running(claimed)
-                    running.lease_scope.deadline = deadline
-                    self._running[claimed.id] = running
-                    self._free -= 1
-                    send.send_nowait(running)
-                self._counts["claimed"] += len(reply.tasks)
-                if len(reply.tasks) == k or reply.more:
-                    continue
-                # A pop ends up to a server tick (~100 ms) after its timeout:
-                # a task due within a tick past the cap gets the timer too.
-                due = 0 <= reply.wait_ms < (block_cap + _SERVER_TICK) * 1000
-                timeout = reply.wait_ms / 1000 if due else block_cap
-                await self._block(client, timeout, due=due)
-
-    async def _block(
-        self, client: Redis | None, timeout: float, *, due: bool = False
-    ) -> None:
-        """Wait up to *timeout* for a wake token (or just sleep without client).
-
-        With *due*, a delayed task falls due when *timeout* ends. The server
-        ends blocking pops on its cron tick (10 per second by default), too
-        coarse for that, so a local timer pushes a token at the precise time.
-        """
-        with anyio.CancelScope() as scope:
-            self._block_scope = scope
-            if self._stopping:
-                scope.cancel()
-            if client is None:
-                await anyio.sleep(timeout)
-                return
-            async with anyio.create_task_group() as tg:
-                if due:
-                    tg.start_soon(self._poke, client, timeout)
-                try:
-                    await client.blpop(
-                        [self._keys.wake], timeout=max(timeout, 0.01) + 0.1
-                    )
-                except (RedisError, OSError) as exc:
-                    logger.warning("waiting for work failed (%s)", exc)
-                    await anyio.sleep(_BACKOFF_FIRST)
-                tg.cancel_scope.cancel()
-        self._block_scope = None
-
-    async def _poke(self, client: Redis, delay: float) -> None:
-        await anyio.sleep(delay)
-        # On failure the pop's own timeout wakes us a little later.
-        with contextlib.suppress(RedisError, OSError):
-            await client.rpush(self._keys.wake, "1")
-
-    def _local_lease(self) -> float:
-        # Stop a little before the server would recover the task.
-        return self._lease_ttl - min(1.0, self._lease_ttl * 0.1)
+                    if await _layout.refresh(client, self._parts):
+                        logger.info(
+                            "queue %r: partition layout is now %s",
+                            self.queue,
+                            self._parts.layout.text(),
+                        )
+                        await follow()
+                except REDIS_FAILURES as exc:
+                    logger.debug("could not read the partition layout: %s", exc)
 
     # -- running -----------------------------------------------------------
 
@@ -578,7 +519,7 @@ class Consumer:
     ) -> None:
         async with receive:
             async for running in receive:
-                if self._stopping:
+                if self._slots.closed:
                     self._hand_back(running, finisher)
                     continue
                 try:
@@ -595,8 +536,7 @@ class Consumer:
                         self._forget(running.claimed.id, running.claimed.token)
                         self._counts["lease_lost"] += 1
                         self._telemetry.emit(EventKind.LEASE_LOST, running)
-                    self._free += 1
-                    self._free_changed.set()
+                    self._slots.give(1)
 
     def _hand_back(self, running: Running, finisher: Finisher) -> None:
         claimed = running.claimed
@@ -607,19 +547,25 @@ class Consumer:
             self._dead_notices[outcome.id] = notice
         self._finisher.submit(outcome)
 
-    def _dead_elsewhere(self, client: Redis, ids: Sequence[str]) -> None:
+    def _expired(self, ids: Sequence[str]) -> None:
+        for task_id in ids:
+            self._telemetry.emit(EventKind.EXPIRED, None, task_id=task_id)
+
+    def _dead_elsewhere(self, client: Client, ids: Sequence[str]) -> None:
         """Call on_dead for tasks a script dead-lettered on its own (a lease
         that expired on the last attempt, damaged keys)."""
         self._telemetry.dead_elsewhere(ids)
         if ids and self._on_dead is not None and self._side_tasks is not None:
             self._side_tasks.start_soon(self._notify_dead, client, ids)
 
-    async def _notify_dead(self, client: Redis, ids: Sequence[str]) -> None:
+    async def _notify_dead(self, client: Client, ids: Sequence[str]) -> None:
         from .producer import _dead_letter
 
         try:
-            rows = await _scripts.dead_rows_by_id(client, self._keys, ids)
-        except (RedisError, OSError) as exc:
+            rows = []
+            for keys, mine in by_partition(self._parts, ids).items():
+                rows += await _scripts.dead_rows_by_id(client, keys, mine)
+        except REDIS_FAILURES as exc:
             logger.warning("could not read dead letters %s for on_dead: %s", ids, exc)
             return
         for row in rows:
@@ -676,7 +622,7 @@ class Consumer:
 
     # -- leases ------------------------------------------------------------
 
-    async def _heartbeat_loop(self, client: Redis) -> None:
+    async def _heartbeat_loop(self, client: Client) -> None:
         while True:
             await anyio.sleep(self._lease_ttl / 3)
             await self._heartbeat(client)
@@ -690,21 +636,43 @@ class Consumer:
             *self._counts.items(),
         ]
 
-    async def _heartbeat(self, client: Redis) -> None:
-        with contextlib.suppress(RedisError, OSError):
+    async def _heartbeat(self, client: Client) -> None:
+        with contextlib.suppress(*REDIS_FAILURES):
             await self._identity.renew(client)
         snapshot = list(self._running.values())
+        # One call per partition holding leases; partition 0 (the registry's)
+        # always, to keep this consumer registered.
+        mine: dict[QueueKeys, list[Running]] = {self._keys: []}
+        for running in snapshot:
+            mine.setdefault(self._parts.of_id(running.claimed.id), []).append(running)
+
+        async def renew(keys: QueueKeys) -> None:
+            await self._renew(client, keys, mine[keys], len(snapshot))
+
+        await each_partition(list(mine), renew)
+
+    async def _renew(
+        self, client: Client, keys: QueueKeys, snapshot: list[Running], total: int
+    ) -> None:
         sent_at = anyio.current_time()
+        registry = keys.partition == 0
+        extended = True
         try:
             alive = await _scripts.heartbeat(
                 client,
-                self._keys,
+                keys,
                 [(r.claimed.id, r.claimed.token) for r in snapshot],
                 lease_ms=round(self._lease_ttl * 1000),
-                consumer=self.name,
-                registration=self._registration(len(snapshot)),
+                consumer=self.name if registry else None,
+                registration=self._registration(total) if registry else (),
+                replication=self._replication,
             )
-        except (RedisError, OSError) as exc:
+        except _scripts.NotReplicatedRefusal as refusal:
+            # The server's answers stand (a lost lease is lost), but a
+            # failover now could take the extension back: keep the deadlines.
+            logger.warning("no replica acknowledged a heartbeat in time")
+            alive, extended = [int(code) for code in refusal.ids], False
+        except REDIS_FAILURES as exc:
             # Each handler stops by itself at its local lease deadline.
             logger.warning("heartbeat failed (%s)", exc)
             return
@@ -716,10 +684,15 @@ class Consumer:
                 running.lost = True
                 running.lease_scope.cancel()
                 continue
-            running.lease_scope.deadline = deadline
+            if extended:
+                running.lease_scope.deadline = deadline
             if code == _scripts.CANCEL_REQUESTED and not running.cancel_requested:
                 running.cancel_requested = True
                 running.lease_scope.cancel()
+
+    def _local_lease(self) -> float:
+        # Stop a little before the server would recover the task.
+        return self._lease_ttl - min(1.0, self._lease_ttl * 0.1)
 
 
 _COUNTED: Final = {

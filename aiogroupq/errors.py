@@ -24,6 +24,7 @@ The hierarchy::
     ├── CorruptQueueError           a key of the queue holds something no script wrote
     │   └── CorruptTaskError        a task's stored fields are not what aiogroupq writes
     ├── RedisUnavailableError       Redis could not be reached within the budget
+    ├── NotReplicatedError          written on the primary, not acknowledged by a replica
     └── MissingExtraError           an optional module's package is not installed
 
 :class:`~aiogroupq.Retry` is not an error: a handler raises it to ask for another attempt.
@@ -45,6 +46,7 @@ __all__ = (
     "InvalidTaskError",
     "MissingExtraError",
     "NoResultError",
+    "NotReplicatedError",
     "PayloadTooLargeError",
     "PermissionDeniedError",
     "QueueFullError",
@@ -278,6 +280,33 @@ class RedisUnavailableError(AiogroupqError, ConnectionError):
     def __init__(self, detail: str) -> None:
         super().__init__(f"Redis is unreachable or not answering ({detail})")
         self.detail = detail
+
+
+class NotReplicatedError(AiogroupqError):
+    """With ``durability="replicated"``: the tasks were written on the
+    primary, but fewer replicas than asked acknowledged them in time. They
+    are enqueued as long as that primary does not fail; if it fails before
+    its replica receives them, they may be lost (replication is
+    asynchronous). Enqueueing them again is safe: check their
+    :meth:`~aiogroupq.Producer.status` or re-send the same tasks, which
+    deduplicate only with a ``dedup_key``.
+
+    :ivar task_ids: the ids of the tasks concerned, in the call's order
+    :ivar acknowledged: how many replicas acknowledged (the fewest over the
+        partitions written)
+    :ivar required: how many were asked for
+    """
+
+    def __init__(self, task_ids: list[str], acknowledged: int, required: int) -> None:
+        shown = ", ".join(task_ids[:5]) + (" ..." if len(task_ids) > 5 else "")
+        super().__init__(
+            f"{len(task_ids)} tasks ({shown}) were written on the primary but "
+            f"acknowledged by {acknowledged} replicas, not {required}: a failover "
+            "now could lose them"
+        )
+        self.task_ids = task_ids
+        self.acknowledged = acknowledged
+        self.required = required
 
 
 class Retry(Exception):  # a control-flow signal, like anyio's WouldBlock

@@ -9,13 +9,15 @@ import time
 from collections.abc import AsyncGenerator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
-from typing import Any, Final, Self, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Final, Literal, Self, TypeVar, overload
 
 import anyio
 import msgspec
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 
-from . import _scripts, _validate
+from . import _routing, _scripts, _validate
+from ._aggregate import statuses
 from ._codec import (
     EncodeFailure,
     describe_decode_error,
@@ -25,15 +27,19 @@ from ._codec import (
     unpack,
 )
 from ._connection import (
+    Client,
     RedisLike,
+    check_replicas,
     check_server,
     open_client,
     socket_timeout,
     unavailable_as_error,
 )
-from ._keys import QueueKeys
-from ._observe import id_list, statuses
+from ._fanout import by_partition, dead_letter_rows, each_partition, requeue_dead
+from ._layout import open_layout, refresh
+from ._observe import id_list
 from ._observer import EventKind, Observer, Observers, check_observers
+from ._partition import Partitions, check_count, in_partition
 from .errors import (
     BatchTooLargeError,
     ConfigurationError,
@@ -44,6 +50,7 @@ from .errors import (
     InvalidResultError,
     InvalidTaskError,
     NoResultError,
+    NotReplicatedError,
     PayloadTooLargeError,
     TaskCancelledError,
     TaskExpiredError,
@@ -53,6 +60,9 @@ from .errors import (
     UnknownTaskTypeError,
 )
 from .task import DeadLetter, Envelope, Task, TaskState, new_task_id
+
+if TYPE_CHECKING:
+    from ._keys import QueueKeys
 
 T = TypeVar("T")
 
@@ -88,6 +98,14 @@ class Producer(anyio.AsyncContextManagerMixin):
     :param observers: instances of :class:`~aiogroupq.Observer` that see
         each enqueue (metrics) and may attach headers to its tasks (a trace
         context)
+    :param partitions: how many partitions the queue has (docs/scaling.md):
+        ``None`` uses what the queue stores (1 if nothing); a number creates
+        the layout on a queue that holds no task, and must match the stored
+        one otherwise (:class:`~aiogroupq.ConfigurationError` on entering)
+    :param durability: ``"primary"`` (the default): an enqueue returns once
+        the primary wrote it; ``"replicated"``: once a replica acknowledged
+        it too (``WAIT``), else :class:`~aiogroupq.NotReplicatedError`, so
+        that a failover cannot lose it (docs/guarantees.md)
     :raises ConfigurationError: if an argument is unusable
 
     Entering checks the server: its version and its eviction policy
@@ -111,13 +129,20 @@ class Producer(anyio.AsyncContextManagerMixin):
         retention: float | timedelta = DEFAULT_RETENTION,
         allow_eviction: bool = False,
         observers: Sequence[Observer] = (),
+        partitions: int | None = None,
+        durability: Literal["primary", "replicated"] = "primary",
     ) -> None:
-        self._keys = QueueKeys(queue)
+        self._parts = Partitions(queue)
+        self._keys = self._parts.keys(0)
+        self._requested = (
+            None if partitions is None else check_count("partitions", partitions)
+        )
+        self._replication = _validate.durability(durability)
         self._observers = Observers(queue, check_observers(observers))
         _validate.setting_int("max_payload_bytes", max_payload_bytes)
         _validate.setting_int("default_max_attempts", default_max_attempts)
         window = _validate.setting_seconds("dedup_window", dedup_window, minimum=0.001)
-        if not isinstance(redis, str | Redis):
+        if not isinstance(redis, str | Redis | RedisCluster):
             raise ConfigurationError(
                 f"expected a redis:// URL or a redis.asyncio.Redis client, got {redis!r}"
             )
@@ -134,7 +159,7 @@ class Producer(anyio.AsyncContextManagerMixin):
                 f"allow_eviction must be True or False, got {allow_eviction!r}"
             )
         self._allow_eviction = allow_eviction
-        self._client: Redis | None = None
+        self._client: Client | None = None
 
     @property
     def queue(self) -> str:
@@ -145,13 +170,27 @@ class Producer(anyio.AsyncContextManagerMixin):
     async def __asynccontextmanager__(self) -> AsyncGenerator[Self]:
         async with open_client(self._redis, retry=True) as client:
             await check_server(client, eviction=not self._allow_eviction)
+            await self._open_layout(client)
+            if self._replication is not None:
+                await check_replicas(client)
             self._client = client
             try:
                 yield self
             finally:
                 self._client = None
 
-    def _open_client(self) -> Redis:
+    @unavailable_as_error
+    async def _open_layout(self, client: Client) -> None:
+        await open_layout(client, self._parts, self._requested)
+
+    async def _current(self) -> Partitions:
+        """The partitions, with the layout read again: the operations on dead
+        letters and halted groups must see a repartition begun since we
+        entered (enqueues learn it from the scripts' answers)."""
+        await refresh(self._open_client(), self._parts)
+        return self._parts
+
+    def _open_client(self) -> Client:
         if self._client is None:
             raise RuntimeError(
                 "this Producer is not open: use it inside 'async with Producer(...)'"
@@ -290,11 +329,12 @@ class Producer(anyio.AsyncContextManagerMixin):
 
     async def _send(self, prepared: list[_scripts.NewTask]) -> list[str]:
         try:
-            return await _scripts.enqueue(
+            return await _routing.send(
                 self._open_client(),
-                self._keys,
+                self._parts,
                 prepared,
                 dedup_window_ms=self._dedup_window_ms,
+                replication=self._replication,
             )
         except _scripts.GroupFullRefusal as refusal:
             group = prepared[refusal.index].group or ""
@@ -302,7 +342,13 @@ class Producer(anyio.AsyncContextManagerMixin):
         except _scripts.GroupCorruptRefusal as refusal:
             group = prepared[refusal.index].group or ""
             raise CorruptQueueError(
-                self._keys.group(group), "a key of this group is damaged"
+                self._parts.of_group(group)[0].group(group),
+                "a key of this group is damaged",
+            ) from None
+        except _scripts.NotReplicatedRefusal as refusal:
+            assert self._replication is not None
+            raise NotReplicatedError(
+                refusal.ids, refusal.acked, self._replication.replicas
             ) from None
 
     def _prepare(self, task: Task) -> tuple[Envelope, _scripts.NewTask]:
@@ -332,7 +378,7 @@ class Producer(anyio.AsyncContextManagerMixin):
             raise UnencodablePayloadError(task.payload, str(exc)) from exc
         if len(payload) > self._max_payload_bytes:
             raise PayloadTooLargeError(len(payload), self._max_payload_bytes)
-        task_id = new_task_id()
+        task_id = in_partition(new_task_id(), self._parts.place(group, dedup_key, None))
         envelope = Envelope(
             id=task_id,
             type=task_type,
@@ -366,8 +412,9 @@ class Producer(anyio.AsyncContextManagerMixin):
         :raises CorruptTaskError: if the stored state is not one of
             :class:`TaskState` (the task hash was written by something else)
         """
+        checked = _validate.task_id(task_id)
         state = await _scripts.task_state(
-            self._open_client(), self._keys, _validate.task_id(task_id)
+            self._open_client(), self._parts.of_id(checked), checked
         )
         return None if state is None else _state(task_id, state)
 
@@ -381,7 +428,7 @@ class Producer(anyio.AsyncContextManagerMixin):
             :class:`TaskState`
         """
         ids = [_validate.task_id(t) for t in id_list(task_ids)]
-        return await statuses(self._open_client(), self._keys, ids)
+        return await statuses(self._open_client(), self._parts, ids)
 
     @unavailable_as_error
     async def cancel(self, task_id: str) -> bool:
@@ -395,10 +442,11 @@ class Producer(anyio.AsyncContextManagerMixin):
             already finished
         :raises TaskNotFoundError: for an unknown (or expired) id
         """
+        checked = _validate.task_id(task_id)
         code = await _scripts.cancel(
             self._open_client(),
-            self._keys,
-            _validate.task_id(task_id),
+            self._parts.of_id(checked),
+            checked,
             retention_ms=self._retention_ms,
         )
         if code == _scripts.NOT_FOUND:
@@ -463,10 +511,11 @@ class Producer(anyio.AsyncContextManagerMixin):
         block_cap = 1.0
         if (socket_limit := socket_timeout(client)) is not None:
             block_cap = max(0.05, min(1.0, socket_limit / 2))
+        checked = _validate.task_id(task_id)
         state, result, reason = await _scripts.wait_done(
             client,
-            self._keys,
-            _validate.task_id(task_id),
+            self._parts.of_id(checked),
+            checked,
             timeout=float("inf") if limit is None else limit,
             block_cap=block_cap,
         )
@@ -492,9 +541,7 @@ class Producer(anyio.AsyncContextManagerMixin):
         :return: how many of *task_ids* were dead and were requeued
         """
         ids = [_validate.task_id(t) for t in task_ids]
-        return await _scripts.dead_action(
-            self._open_client(), self._keys, "requeue", ids
-        )
+        return await requeue_dead(self._open_client(), await self._current(), ids)
 
     @unavailable_as_error
     async def purge_dead(self, *task_ids: str, all: bool = False) -> int:
@@ -518,11 +565,21 @@ class Producer(anyio.AsyncContextManagerMixin):
         client = self._open_client()
         if not all:
             ids = [_validate.task_id(t) for t in task_ids]
-            return await _scripts.dead_action(client, self._keys, "purge", ids)
-        total = 0
-        while batch := await _scripts.dead_ids(client, self._keys, 500):
-            total += await _scripts.dead_action(client, self._keys, "purge", batch)
-        return total
+            groups = by_partition(await self._current(), ids)
+            return sum(
+                [
+                    await _scripts.dead_action(client, keys, "purge", mine)
+                    for keys, mine in groups.items()
+                ]
+            )
+
+        async def purge(keys: QueueKeys) -> int:
+            total = 0
+            while batch := await _scripts.dead_ids(client, keys, 500):
+                total += await _scripts.dead_action(client, keys, "purge", batch)
+            return total
+
+        return sum(await each_partition((await self._current()).all(), purge))
 
     @unavailable_as_error
     async def release_group(self, group: str) -> bool:
@@ -534,17 +591,18 @@ class Producer(anyio.AsyncContextManagerMixin):
         checked = _validate.group(group)
         if checked is None:
             raise InvalidGroupError(group, "is None; name the halted group")
-        done = await _scripts.dead_action(
-            self._open_client(), self._keys, "release", [checked]
-        )
-        return done == 1
+        client = self._open_client()
+        done = 0
+        for keys in (await self._current()).of_group(checked):
+            done += await _scripts.dead_action(client, keys, "release", [checked])
+        return done >= 1
 
     @unavailable_as_error
     async def dead_letters(self, *, limit: int = 100) -> list[DeadLetter]:
         """The oldest *limit* dead-lettered tasks of the queue, oldest first."""
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"limit must be an int >= 1, got {limit!r}")
-        rows = await _scripts.dead_rows(self._open_client(), self._keys, limit)
+        rows = await dead_letter_rows(self._open_client(), await self._current(), limit)
         return [_dead_letter(row) for row in rows]
 
 

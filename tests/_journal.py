@@ -20,6 +20,7 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.process
 import os
+import secrets
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
@@ -29,6 +30,7 @@ from typing import Literal, Protocol
 import anyio
 import msgspec
 import redis.asyncio
+from redis.asyncio.cluster import RedisCluster
 
 import aiogroupq
 
@@ -38,6 +40,9 @@ JOURNAL_KEY = "test:journal"
 # ARGV: the record (JSON without the clock), the task number to add to the
 # "done" set ("" for none). Returns the clock value of this event.
 _APPEND_LUA = """
+if ARGV[3] and redis.call('SADD', KEYS[4], ARGV[3]) == 0 then
+  return -1
+end
 local clock = redis.call('INCR', KEYS[1])
 redis.call('RPUSH', KEYS[2], clock .. ' ' .. ARGV[1])
 if ARGV[2] ~= '' then redis.call('SADD', KEYS[3], ARGV[2]) end
@@ -107,12 +112,25 @@ class HandlerFailure(Exception):
     """Raised on purpose by a handler whose job says it must fail."""
 
 
+Client = redis.asyncio.Redis | RedisCluster
+
+
+def client_for(url: str) -> Client:
+    """A client of *url*: a ``redis+cluster://`` URL gives a cluster client
+    (seeded with its first node). On a cluster, give the journal a key with a
+    hash tag (``{test:journal}``), so that its keys share one slot."""
+    if url.startswith("redis+cluster://"):
+        first = url.removeprefix("redis+cluster://").split("/")[0].split(",")[0]
+        return RedisCluster.from_url(f"redis://{first}/0")
+    return redis.asyncio.Redis.from_url(url)
+
+
 class Journal:
     """Writes and reads the journal through one ``redis.asyncio`` client."""
 
-    def __init__(self, client: redis.asyncio.Redis, *, key: str = JOURNAL_KEY):
+    def __init__(self, client: Client, *, key: str = JOURNAL_KEY):
         self._client = client
-        self._keys = (f"{key}:clock", key, f"{key}:done")
+        self._keys = (f"{key}:clock", key, f"{key}:done", f"{key}:ids")
         self._marks_key = f"{key}:marks"
         self._append = client.register_script(_APPEND_LUA)
         self._mark = client.register_script(_MARK_LUA)
@@ -150,8 +168,12 @@ class Journal:
             token=info.fencing_token,
         )
         done = str(job.n) if event == "end" and ok else ""
+        # A unique id per record: a client that sends the script again after
+        # a lost reply (redis-py's cluster client re-sends after a connection
+        # error) must not journal one start twice.
         clock = await self._append(
-            keys=self._keys, args=(msgspec.json.encode(record), done)
+            keys=self._keys,
+            args=(msgspec.json.encode(record), done, secrets.token_hex(8)),
         )
         return int(clock)
 
@@ -361,6 +383,16 @@ class Flag(Protocol):
     def is_set(self) -> bool: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Options:
+    """More settings of a journaling consumer process (picklable)."""
+
+    partitions: int | None = None
+    durability: Literal["primary", "replicated"] = "primary"
+    journal_key: str = JOURNAL_KEY
+    lease_ttl: float = 30.0
+
+
 def consume_in_process(
     url: str,
     queue: str,
@@ -368,6 +400,7 @@ def consume_in_process(
     ready: Flag,
     stop: Flag,
     retry_backoff: float = 1.0,
+    options: Options = Options(),
 ) -> None:
     """Target of a ``spawn`` child: consume *queue* until *stop* is set.
 
@@ -375,7 +408,15 @@ def consume_in_process(
     knowing every process competes for the tasks from the start.
     """
     anyio.run(
-        _consume, url, queue, concurrency, ready, stop, retry_backoff, backend="asyncio"
+        _consume,
+        url,
+        queue,
+        concurrency,
+        ready,
+        stop,
+        retry_backoff,
+        options,
+        backend="asyncio",
     )
 
 
@@ -386,10 +427,11 @@ async def _consume(
     ready: Flag,
     stop: Flag,
     retry_backoff: float,
+    options: Options,
 ) -> None:
-    client = redis.asyncio.Redis.from_url(url)
+    client = client_for(url)
     try:
-        journal = Journal(client)
+        journal = Journal(client, key=options.journal_key)
         async with aiogroupq.Consumer(
             url,
             queue=queue,
@@ -397,6 +439,9 @@ async def _consume(
             concurrency=concurrency,
             grace_period=10.0,
             retry_backoff=retry_backoff,
+            partitions=options.partitions,
+            durability=options.durability,
+            lease_ttl=options.lease_ttl,
         ):
             ready.set()
             # A multiprocessing Event cannot be awaited; polling it is cheap.
@@ -416,6 +461,7 @@ async def consumer_processes(
     processes: int = 3,
     concurrency: int = 8,
     retry_backoff: float = 1.0,
+    options: Options = Options(),
 ) -> AsyncIterator[list[multiprocessing.process.BaseProcess]]:
     """*processes* spawned consumer processes journaling their runs, all
     claiming when the block begins; stopped (and checked to exit 0) after."""
@@ -425,7 +471,7 @@ async def consumer_processes(
     procs = [
         ctx.Process(
             target=consume_in_process,
-            args=(url, queue, concurrency, ready, stop, retry_backoff),
+            args=(url, queue, concurrency, ready, stop, retry_backoff, options),
             daemon=True,  # never outlive a crashed test
         )
         for ready in readies

@@ -31,6 +31,7 @@ COMMANDS = (
     ["stats"], ["groups"], ["group", "g"], ["task", "x"], ["consumers"],
     ["dead"], ["dead", "list"], ["dead", "show", "x"], ["dead", "requeue"],
     ["dead", "purge"], ["release", "g"], ["pause"], ["resume"], ["cancel", "x"],
+    ["repartition"],
 )  # fmt: skip
 
 
@@ -374,6 +375,24 @@ async def test_pause_and_resume(redis_url: str, both: Both) -> None:
     assert (await admin.stats()).paused
     assert (await cli("resume", url=redis_url)).code == 0
     assert not (await admin.stats()).paused
+
+
+async def test_repartition(redis_url: str, both: Both) -> None:
+    producer, admin = both
+    held = await producer.enqueue("t", group="g")  # nothing consumes it
+    run = await cli("repartition", url=redis_url)
+    assert run.code == 2
+    assert "--to K" in run.err
+    run = await cli("repartition", "--to", "3", url=redis_url)
+    assert run.code == 1, run.err
+    assert "moving to 3 partitions" in run.out
+    assert "group 'g' has live tasks in partition 0" in run.out
+    assert await admin.partitions() == (1, 3)
+    await producer.cancel(held)
+    run = await cli("repartition", "--finish", "--wait", "30", url=redis_url)
+    assert run.code == 0, run.err
+    assert "3 partitions, the move is finished" in run.out
+    assert await admin.partitions() == (3, None)
 
 
 async def test_cancel(

@@ -60,6 +60,9 @@ ADMIN_CALLS: dict[str, AdminCall] = {
     "position": lambda a: a.position(TASK_ID),
     "status_many": lambda a: a.status_many([TASK_ID]),
     "consumers": lambda a: a.consumers(),
+    "partitions": lambda a: a.partitions(),
+    "start_repartition": lambda a: a.start_repartition(2),
+    "finish_repartition": lambda a: a.finish_repartition(),
 }
 
 

@@ -15,6 +15,7 @@ import signal
 import socket
 import sys
 import time
+import zlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -138,6 +139,38 @@ async def test_pages_show_what_the_queue_holds(
             assert missing.status_code == 404
             assert "No task nope" in text(missing.text)
             assert (await client.get("/q/other")).status_code == 404
+
+
+async def test_a_partitioned_queue_is_shown_whole(
+    redis_url: str, redis_client: redis.asyncio.Redis
+) -> None:
+    """The pages read through Admin, whose views add up the partitions: the
+    groups of every partition are counted, listed and found."""
+    queue = "dash-parts"
+    groups = [f"tenant-{i}" for i in range(12)]
+    async with aiogroupq.Producer(redis_client, queue=queue, partitions=4) as producer:
+        for i, group in enumerate(groups):
+            await producer.enqueue_many(
+                [aiogroupq.Task("work", n, group=group) for n in range(1 + i % 3)]
+            )
+        await producer.enqueue("solo", 0)
+        homes = {zlib.crc32(g.encode()) % 4 for g in groups}
+    assert len(homes) > 1  # the groups really are spread
+    total = sum(1 + i % 3 for i in range(12)) + 1
+    with serving(create_app(redis_url, queues=[queue])) as url:
+        async with browser(url) as client:
+            overview = await client.get("/")
+            assert figures(overview.text)["waiting"] == str(total)
+            page = await client.get(f"/q/{queue}")
+            assert figures(page.text)["ready"] == str(len(groups) + 1)
+            assert figures(page.text)["parked"] == str(total - len(groups) - 1)
+            # The groups page lists the groups with a line, from every partition.
+            listed = await client.get(f"/q/{queue}/groups")
+            lined = [g for i, g in enumerate(groups) if i % 3]
+            assert all(g in listed.text for g in lined)
+            one = await client.get(f"/q/{queue}/group", params={"name": groups[5]})
+            assert one.status_code == 200
+            assert "ready" in text(one.text)
 
 
 async def test_counts_follow_the_queue_as_it_changes(

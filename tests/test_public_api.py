@@ -45,6 +45,7 @@ PUBLIC_NAMES = frozenset(
         "InvalidResultError",
         "InvalidTaskError",
         "NoResultError",
+        "NotReplicatedError",
         "PayloadTooLargeError",
         "PermissionDeniedError",
         "Problem",

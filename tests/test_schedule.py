@@ -23,6 +23,7 @@ from aiogroupq import _schedule
 from aiogroupq._codec import unpack
 from aiogroupq._fsck import check
 from aiogroupq._keys import QueueKeys
+from aiogroupq._partition import Partitions
 from aiogroupq._schedule import Scheduler, _CronTicks, _IntervalTicks
 
 from . import schedule_app
@@ -353,7 +354,7 @@ S = 1000  # one tick a second below
 
 def _due(missed: str, *, start: int, cursor: int, now: int) -> list[int]:
     schedule = aiogroupq.Schedule("s", "t", every=1, missed=missed)  # type: ignore[arg-type]
-    return Scheduler(QueueKeys("q"), [schedule])._due(schedule, start, cursor, now)
+    return Scheduler(Partitions("q"), [schedule])._due(schedule, start, cursor, now)
 
 
 @pytest.mark.parametrize("missed", ["skip", "once"])
@@ -389,7 +390,7 @@ def test_far_behind_only_the_last_minute_is_caught_up(missed: str) -> None:
 def test_far_behind_with_no_tick_in_the_last_minute_the_latest_runs() -> None:
     hour = 3600 * S
     schedule = aiogroupq.Schedule("s", "t", every=3600)
-    scheduler = Scheduler(QueueKeys("q"), [schedule])
+    scheduler = Scheduler(Partitions("q"), [schedule])
     due = scheduler._due(schedule, 0, hour, 5 * hour + 120 * S)
     assert due == [5 * hour]
 

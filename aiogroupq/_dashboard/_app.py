@@ -23,6 +23,7 @@ from urllib.parse import parse_qs, quote, urlencode, urlsplit
 import anyio
 import jinja2
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -32,7 +33,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from .. import _cli_render as fmt
-from .._connection import RedisLike, check_borrowed, new_client
+from .._connection import Client, RedisLike, check_borrowed, new_client
 from .._keys import QueueKeys
 from ..admin import Admin
 from ..errors import (
@@ -146,7 +147,8 @@ class Dashboard:
         refresh: float,
         window: float,
     ) -> None:
-        if isinstance(redis, Redis):
+        client: Client
+        if isinstance(redis, Redis | RedisCluster):
             check_borrowed(redis)
             client = redis
         else:
@@ -166,7 +168,7 @@ class Dashboard:
                 f"show_payloads must be True or False, got {show_payloads!r}"
             )
         self._redis = redis
-        self._client: Redis | None = client
+        self._client: Client | None = client
         self.queues = tuple(dict.fromkeys(queues))
         self.guard = guard
         self.show_payloads = show_payloads
@@ -193,12 +195,12 @@ class Dashboard:
 
     # -- Redis ------------------------------------------------------------------
 
-    def client(self) -> Redis:
+    def client(self) -> Client:
         """The client: borrowed, or ours (created on first use)."""
         if self._client is None:
             self._client = (
                 self._redis
-                if isinstance(self._redis, Redis)
+                if isinstance(self._redis, Redis | RedisCluster)
                 else new_client(self._redis, retry=True)
             )
         return self._client

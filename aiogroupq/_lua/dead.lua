@@ -5,6 +5,10 @@
   ARGV[2]     "requeue": each dead task id in ARGV[3..] runs again with a
                          fresh set of attempts, first in its group's line
                          (at once if a slot is free)
+              "requeue_here": as "requeue", but only a task whose group is
+                         live in this partition (a partitioned queue: a
+                         group lives in one partition at a time, and this
+                         is not the one it belongs to now)
               "purge":   each dead task id in ARGV[3..] is deleted; a group
                          halted by it goes on with its next task
               "release": each group in ARGV[3..] halted by a dead task goes
@@ -20,7 +24,7 @@
 --- @include "holds"
 
 local op, n, readied = ARGV[2], 0, 0
-if op ~= 'requeue' and op ~= 'purge' and op ~= 'release' then
+if op ~= 'requeue' and op ~= 'requeue_here' and op ~= 'purge' and op ~= 'release' then
   return redis.error_reply('ERR aiogroupq dead: unknown operation ' .. tostring(op))
 end
 local bad = check_fixed({ K_DEAD, 'zset', K_HALTED, 'set' })
@@ -31,8 +35,11 @@ local function requeue(id, key, g, u)
   if g then
     G = group(g)
     if not G then return false end
+    if op == 'requeue_here' and not G.existed then return false end
     if G.halted ~= id and not has_room(G)
         and wrong_type(redis.pcall('LLEN', k_park(g))) then return false end
+  elseif op == 'requeue_here' then
+    return false
   end
   redis.call('ZREM', K_DEAD, id)
   redis.call('HDEL', key, 'x', 'tb', 'ft', 'f', 'k', 'cx', 'w')

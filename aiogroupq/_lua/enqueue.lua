@@ -20,15 +20,29 @@
     schedule      "" for none, else a schedule name: the task is enqueued
                   only if its tick is later than the schedule's last one
     tick          the schedule tick (Unix ms), or 0
+  ARGV[4+13n]  (a partitioned queue, see _partition.py) this partition's
+               number p; then one argument per task: crc32 of its group, or
+               "" for an ungrouped task. A queue whose conf holds "parts"
+               refuses calls without them.
   returns  one id per task: its own; or, when its dedup key is held by
            another task (within the window, or until it ends with unique),
            that task's id, and nothing is written; "" for a schedule tick
-           already enqueued. A task whose id exists is left as it is, so a
+           already enqueued; ">" for a task whose group moved to its new
+           partition (repartitioning, nothing written for it: the producer
+           sends it there). A task whose id exists is left as it is, so a
            re-sent enqueue (lost reply, client retry) returns the same ids.
   errors   (nothing written) "aiogroupq group-full <i> <live> <cap>": task i
            would take its group over its max_size; "aiogroupq group-corrupt
            <i>" / "aiogroupq corrupt <key>: ...": a key the batch needs is
-           damaged.
+           damaged; "aiogroupq stale <parts>": a task does not belong in this
+           partition under the layout it holds (<parts>, "1" if none): the
+           producer reads the layout again and routes anew.
+  Partitions: this partition holds tasks of groups whose crc32 % K is p, and
+           ungrouped ones. While the queue moves from K to K' partitions
+           ("K>K'"), a group's old partition keeps taking its tasks only
+           while it is live there (so its older tasks finish before its new
+           partition starts any), and answers ">" otherwise; its new
+           partition takes them (producers ask the old one first).
   Effects: each new task becomes a hash t:<id>; an undelayed one joins its
            group (a free slot and the ready tail, or the group's line); a
            delayed one waits in the delayed ZSET.
@@ -39,16 +53,21 @@
 
 local PER = 13
 local window, n = tonumber(ARGV[2]), tonumber(ARGV[3])
-if not window or window <= 0 or not n or #ARGV ~= 3 + PER * n then
+local HASHES = n and 4 + PER * n -- ARGV[HASHES] is p, ARGV[HASHES + 1 + i] task i's hash
+local routed = n and #ARGV == 4 + PER * n + n
+if not window or window <= 0 or not n or (#ARGV ~= 3 + PER * n and not routed) then
   return redis.error_reply('ERR aiogroupq enqueue: malformed arguments')
 end
+local part = routed and tonumber(ARGV[HASHES])
 local any_prio, any_unique = false, false -- any_prio: of the new tasks
 for i = 0, n - 1 do
   local b = 4 + PER * i
   local delay, run_at, attempts = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
   local prio, tick = ARGV[b + 8], tonumber(ARGV[b + 12])
   if not (delay and run_at and attempts and tonumber(ARGV[b + 9]) and tonumber(ARGV[b + 10]) and tick)
-      or (prio ~= '' and not tonumber(prio)) then
+      or (prio ~= '' and not tonumber(prio))
+      or (routed and not (part and (ARGV[b + 1] == '') == (ARGV[HASHES + 1 + i] == '')
+        and (ARGV[b + 1] == '' or tonumber(ARGV[HASHES + 1 + i])))) then
     return redis.error_reply('ERR aiogroupq enqueue: malformed task arguments')
   end
   any_unique = any_unique or ARGV[b + 7] == '1'
@@ -59,11 +78,46 @@ local bad = check_fixed({ K_DELAYED, 'zset' })
 if bad then return bad end
 local now = now_ms(true)
 
+-- Partitions: every task must belong here under the layout this partition
+-- holds; a task of a group moving away is "moved" unless its group is
+-- live here (read before this batch adds to it: all of a group's tasks in
+-- the batch get the same answer).
+local moved = {}
+local stored = conf().parts
+if stored or routed then
+  local function stale()
+    return redis.error_reply('ERR aiogroupq stale ' .. (stored or '1'))
+  end
+  if not routed then return stale() end
+  local K, K2 = tonumber(stored or 1), nil
+  if not K then
+    local a, b = string.match(stored, '^(%d+)>(%d+)$')
+    K, K2 = tonumber(a), tonumber(b)
+  end
+  if not K then return corrupt(K_CONF, 'parts is ' .. stored) end
+  for i = 0, n - 1 do
+    local h, ok = tonumber(ARGV[HASHES + 1 + i]), false
+    if not h then
+      ok = part < (K2 or K)
+    elseif not K2 then
+      ok = h % K == part
+    elseif h % K2 == part then
+      ok = true
+    elseif h % K == part then
+      local G = group(ARGV[5 + PER * i])
+      if not G then return redis.error_reply('ERR aiogroupq group-corrupt ' .. i) end
+      ok, moved[i] = true, not G.existed
+    end
+    if not ok then return stale() end
+  end
+end
+
 local plan, seen, adds, first_of = {}, {}, {}, {}
 for i = 0, n - 1 do
   local b = 4 + PER * i
   local id, g, dkey, sched = ARGV[b], ARGV[b + 1], ARGV[b + 6], ARGV[b + 11]
   local p = { id = id, out = id, new = true, g = g ~= '' and g or nil, dkey = dkey }
+  if moved[i] then p.new, p.out, p.dkey, sched = false, '>', '', '' end
   if sched ~= '' then
     local last = redis.pcall('GET', PREFIX .. 'sched:' .. sched)
     if wrong_type(last) then return corrupt(PREFIX .. 'sched:' .. sched, last.err) end

@@ -6,18 +6,21 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
-from redis.asyncio import Redis
 
-from .._connection import RedisLike, open_client
+from .. import _layout
+from .._connection import Client, RedisLike, node_of, open_client
 from .._handlers import Handler, HandlerFunc, build_routes
-from .._keys import QueueKeys
+from .._partition import Partitions
 from ..consumer import Consumer
 from ..task import DeadLetter, TaskState, current_task
 from ._errors import DrainTimeoutError
 from ._wrap import wrap_handler
+
+if TYPE_CHECKING:
+    from .._keys import QueueKeys
 
 _TERMINAL: Final = frozenset({TaskState.SUCCEEDED, TaskState.DEAD, TaskState.CANCELLED})
 
@@ -157,7 +160,7 @@ async def drain(
     :raises DrainTimeoutError: if the queue is not idle after *timeout*
     :raises aiogroupq.ConfigurationError: for an unusable argument
     """
-    keys = QueueKeys(queue)
+    parts = Partitions(queue)
     build_routes(handlers)  # refuse bad handlers with the consumer's own errors
     recorder = _Recorder()
     wrapped = {name: wrap_handler(h, recorder) for name, h in handlers.items()}
@@ -182,7 +185,8 @@ async def drain(
         deadline = anyio.current_time() + timeout
         async with consumer:
             while True:
-                backlog = await _backlog(client, keys, recorder.unsettled)
+                await _layout.refresh(client, parts)
+                backlog = await _backlog(client, parts, recorder.unsettled)
                 recorder.settle(backlog.states)
                 if backlog.idle(wait_delayed=wait_delayed) and not recorder.unsettled:
                     break
@@ -218,7 +222,27 @@ class _Backlog:
 
 
 async def _backlog(
-    client: Redis, keys: QueueKeys, task_ids: Collection[str]
+    client: Client, parts: Partitions, task_ids: Collection[str]
+) -> _Backlog:
+    """The queue's backlog over its partitions (see :func:`_part_backlog`)."""
+    ids: dict[QueueKeys, list[str]] = {keys: [] for keys in parts.all()}
+    for task_id in task_ids:
+        ids.setdefault(parts.of_id(task_id), []).append(task_id)
+    total = _Backlog(0, 0, 0, 0, {})
+    for keys, mine in ids.items():
+        one = await _part_backlog(client, keys, mine)
+        total = _Backlog(
+            total.ready + one.ready,
+            total.running + one.running,
+            total.due + one.due,
+            total.delayed + one.delayed,
+            {**total.states, **one.states},
+        )
+    return total
+
+
+async def _part_backlog(
+    client: Client, keys: QueueKeys, task_ids: Collection[str]
 ) -> _Backlog:
     """The only place that reads the queue's keys (port it with the layout).
 
@@ -230,7 +254,7 @@ async def _backlog(
     here), or while it is paused or halted (which nothing will run until an
     operator acts); a group out of its rate has a wake-up in ``delayed``.
     """
-    seconds, micros = await client.time()
+    seconds, micros = await client.time(**node_of(client, keys.ready))
     now_ms = int(seconds) * 1000 + int(micros) // 1000
     ids = list(task_ids)
     async with client.pipeline(transaction=True) as pipe:

@@ -98,7 +98,7 @@ end
 local CONF
 local function conf()
   if not CONF then
-    local f = redis.call('HMGET', K_CONF, 'fair', 'pause', 'c', 'rn', 'rp', 'age', 'pu', 'gc', 'uq')
+    local f = redis.call('HMGET', K_CONF, 'fair', 'pause', 'c', 'rn', 'rp', 'age', 'pu', 'gc', 'uq', 'parts')
     CONF = {
       drain = f[1] == 'drain',       -- a released group's next task goes first
       paused = f[2] == '1',          -- nothing is claimed
@@ -109,6 +109,8 @@ local function conf()
       prio = f[7] == '1',            -- priorities are in use: pready holds the ready tasks
       gconf = f[8] == '1',           -- some group has settings of its own
       unique = f[9] == '1',          -- some task used unique deduplication
+      parts = f[10],                 -- the queue's partitions: nil (one), "K",
+                                     -- or "K>K'" while repartitioning to K'
     }
   end
   return CONF

@@ -1,0 +1,36 @@
+#!lua flags=allow-oom
+--[[ meta.lua: the layout of a partitioned queue (see _partition.py): field
+  "parts" of each partition's conf hash, absent for a queue of one
+  partition ("1"), "K" for K partitions, "K>K'" while moving to K'.
+  KEYS[1..6]  the common keys (see lib/base.lua)
+  ARGV[1]     key prefix
+  ARGV[2]     "create" K: (partition 0) store K, unless a layout is stored
+                  already or the queue holds tasks (it keeps the one
+                  partition it has always had)
+              "cas" old new: store new if the layout is old (a step of a
+                  repartition; "1" removes the field)
+  returns  "create": the layout stored after the call; "cas": the one
+           stored before it ("1" if none)
+]]
+--- @include "base"
+
+local op, stored = ARGV[2], redis.call('HGET', K_CONF, 'parts') or '1'
+if op == 'create' then
+  if stored ~= '1' or ARGV[3] == '1' then return stored end
+  if redis.call('EXISTS', K_READY, K_DELAYED, K_LEASES, K_DEAD, K_PREADY,
+      K_BACKLOG, K_HALTED, K_PAUSED) > 0 then
+    return stored
+  end
+  redis.call('HSET', K_CONF, 'parts', ARGV[3])
+  return ARGV[3]
+elseif op == 'cas' then
+  if stored == ARGV[3] then
+    if ARGV[4] == '1' then
+      redis.call('HDEL', K_CONF, 'parts')
+    else
+      redis.call('HSET', K_CONF, 'parts', ARGV[4])
+    end
+  end
+  return stored
+end
+return redis.error_reply('ERR aiogroupq meta: unknown operation ' .. tostring(op))
