@@ -64,6 +64,8 @@ async def queue_stats(client: Client, parts: Partitions) -> QueueStats:
 async def group_info(client: Client, parts: Partitions, group: str) -> GroupInfo:
     """A group as seen now, in the partition it lives in (while it may be
     moving, the old one if it is live there, else the new one)."""
+    if not parts.partitioned:  # the script counts the live consumers itself
+        return (await _observe.group_infos(client, parts.keys(0), [group]))[0]
     alive = await _alive(client, parts)
     homes = parts.of_group(group)
     info = (await _observe.group_infos(client, homes[0], [group], alive=alive))[0]
@@ -143,11 +145,13 @@ async def _alive(client: Client, parts: Partitions) -> int:
 async def statuses(
     client: Client, parts: Partitions, ids: Sequence[str]
 ) -> list[TaskState | None]:
-    """:func:`_observe.statuses` over the partitions the ids name."""
-    if not parts.partitioned:
-        return await _observe.statuses(client, parts.keys(0), ids)
-    found: dict[str, TaskState | None] = {}
+    """:func:`_observe.statuses` over the partitions the ids name (from the
+    ids alone: a layout read before a repartition would miss new ones)."""
     groups = by_partition(parts, ids)
+    if len(groups) == 1:
+        ((keys, mine),) = groups.items()
+        return await _observe.statuses(client, keys, mine)
+    found: dict[str, TaskState | None] = {}
 
     async def one(keys: QueueKeys) -> None:
         mine = groups[keys]

@@ -93,7 +93,7 @@ def add_commands(
         "back, delayed, running and dead; groups with tasks, waiting, halted, "
         "paused and rate-limited; live consumers and their heartbeats; the age "
         "of the oldest waiting work; and the totals since the queue began. One "
-        "round trip that scans nothing, cheap on any queue.",
+        "script call per partition that scans nothing, cheap on any queue.",
     )
     as_json(stats)
     stats.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")

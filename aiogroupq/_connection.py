@@ -203,24 +203,8 @@ class _BoundedCluster(_OwnCluster):
     :class:`BoundedRetry` is."""
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
-        backoff = 0.05
-        with anyio.move_on_after(CALL_BUDGET):
-            while True:
-                try:
-                    return await super().execute_command(*args, **dict(kwargs))
-                except _NOT_TRANSIENT:
-                    raise
-                except (
-                    rexc.ConnectionError,
-                    rexc.TimeoutError,
-                    rexc.ClusterDownError,
-                    rexc.TryAgainError,
-                    rexc.RedisClusterException,
-                    OSError,  # refused, reset, unreachable: redis-py < 5.1 lets them out
-                ):
-                    await anyio.sleep(random.uniform(backoff / 2, backoff))
-                    backoff = min(backoff * 2, 1.0)
-        raise rexc.TimeoutError(f"no reply from Redis within {CALL_BUDGET:g} s")
+        parent = super().execute_command
+        return await _resend_within_budget(lambda: parent(*args, **dict(kwargs)))
 
 
 async def resent_on_failover(client: Client, call: Callable[[], Awaitable[T]]) -> T:
@@ -231,6 +215,22 @@ async def resent_on_failover(client: Client, call: Callable[[], Awaitable[T]]) -
     its own retry policy applies."""
     if not isinstance(client, _BoundedCluster):
         return await call()
+    return await _resend_within_budget(call)
+
+
+#: what a cluster failing over answers (and redis-py < 5.1's own socket
+#: errors on connecting: refused, reset, unreachable)
+_FAILOVER_ERRORS: Final = (
+    rexc.ConnectionError,
+    rexc.TimeoutError,
+    rexc.ClusterDownError,
+    rexc.TryAgainError,
+    rexc.RedisClusterException,
+    OSError,
+)
+
+
+async def _resend_within_budget(call: Callable[[], Awaitable[T]]) -> T:
     backoff = 0.05
     with anyio.move_on_after(CALL_BUDGET):
         while True:
@@ -238,13 +238,7 @@ async def resent_on_failover(client: Client, call: Callable[[], Awaitable[T]]) -
                 return await call()
             except _NOT_TRANSIENT:
                 raise
-            except (
-                rexc.ConnectionError,
-                rexc.TimeoutError,
-                rexc.ClusterDownError,
-                rexc.TryAgainError,
-                OSError,
-            ):
+            except _FAILOVER_ERRORS:
                 await anyio.sleep(random.uniform(backoff / 2, backoff))
                 backoff = min(backoff * 2, 1.0)
     raise rexc.TimeoutError(f"no reply from Redis within {CALL_BUDGET:g} s")

@@ -118,10 +118,14 @@ class FetchContext:
     hand_back: Callable[[Running], None]
 
     def local_lease(self) -> float:
-        """Seconds a claim or heartbeat keeps a handler running: a little
-        less than the lease, so that it stops before the server recovers
-        the task."""
-        return self.lease_ttl - min(1.0, self.lease_ttl * 0.1)
+        """Seconds a claim or heartbeat keeps a handler running."""
+        return local_lease(self.lease_ttl)
+
+
+def local_lease(lease_ttl: float) -> float:
+    """Seconds a claim or heartbeat keeps a handler running: a little less
+    than the lease, so that it stops before the server recovers the task."""
+    return lease_ttl - min(1.0, lease_ttl * 0.1)
 
 
 class Fetcher:

@@ -54,7 +54,7 @@ async def open_layout(client: Client, parts: Partitions, requested: int | None) 
         raise ConfigurationError(
             f"queue {parts.queue!r} cannot be used with partitions={requested}: "
             f"{why}. Pass partitions=None to use the stored layout, or "
-            f"repartition the queue (aiogroupq repartition {parts.queue} --to "
+            f"repartition the queue (aiogroupq repartition --queue {parts.queue} --to "
             f"{requested})"
         )
     parts.layout = layout

@@ -94,7 +94,7 @@ class Script:
         extra_keys: Sequence[str],
         args: Sequence[EncodableT],
     ) -> Any:
-        with cluster_glitches():
+        with _glitches(client):
             return await self._call(client, keys, extra_keys, args)
 
     async def _call(
@@ -151,7 +151,7 @@ class Script:
         writes (and every write before them: replication is one ordered
         stream). It is sent again only after ``NOSCRIPT`` or a cluster
         redirection, which mean it did not run."""
-        with cluster_glitches():
+        with _glitches(client):
             return await self._replicated(
                 client,
                 keys,
@@ -210,6 +210,14 @@ class Script:
         if isinstance(acked, Exception):
             raise acked
         return reply, int(acked)
+
+
+def _glitches(client: Client) -> contextlib.AbstractContextManager[None]:
+    # Only a cluster client has the failover glitch; on a plain client an
+    # AttributeError from redis-py stays what it is.
+    if isinstance(client, RedisCluster):
+        return cluster_glitches()
+    return contextlib.nullcontext()
 
 
 def _fixed(keys: QueueKeys, extra_keys: Sequence[str]) -> tuple[str, ...]:

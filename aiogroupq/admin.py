@@ -385,8 +385,9 @@ class Admin(anyio.AsyncContextManagerMixin):
         """The queue's counts: tasks ready, parked, held back, delayed,
         running and dead; groups with live tasks, waiting, halted, paused and
         rate-limited; live consumers; the age of the oldest waiting work; and
-        the totals since the queue began. One round trip, O(log n): cheap
-        enough to call every second on any queue.
+        the totals since the queue began. One script call per partition
+        (after one ``HGET`` of the layout), O(log n): cheap enough to call
+        every second on any queue.
 
         :raises CorruptQueueError: if a key it reads holds the wrong type
         """
@@ -398,7 +399,8 @@ class Admin(anyio.AsyncContextManagerMixin):
     @unavailable_as_error
     async def group_info(self, group: str) -> GroupInfo:
         """A group as seen now, with its state and the reason for it: why it
-        is, or is not, running (one round trip).
+        is, or is not, running (one script call, after one ``HGET`` of the
+        layout).
 
         :raises InvalidGroupError: for a bad group name
         """

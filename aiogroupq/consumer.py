@@ -41,7 +41,7 @@ from ._connection import (
     translated_errors,
 )
 from ._fanout import by_partition, each_partition
-from ._fetcher import FetchContext, Fetcher, SlotPool
+from ._fetcher import FetchContext, Fetcher, SlotPool, local_lease
 from ._finisher import Finisher
 from ._handlers import Handler, HandlerFunc, build_routes
 from ._identity import Identity
@@ -511,6 +511,13 @@ class Consumer:
                         await follow()
                 except REDIS_FAILURES as exc:
                     logger.debug("could not read the partition layout: %s", exc)
+                except ConfigurationError as exc:  # a damaged layout: keep ours
+                    logger.error(
+                        "queue %r: %s; going on with the layout %s",
+                        self.queue,
+                        exc,
+                        self._parts.layout.text(),
+                    )
 
     # -- running -----------------------------------------------------------
 
@@ -676,7 +683,7 @@ class Consumer:
             # Each handler stops by itself at its local lease deadline.
             logger.warning("heartbeat failed (%s)", exc)
             return
-        deadline = sent_at + self._local_lease()
+        deadline = sent_at + local_lease(self._lease_ttl)
         for running, code in zip(snapshot, alive, strict=True):
             if self._running.get(running.claimed.id) is not running:
                 continue  # finished while the heartbeat was in flight
@@ -689,10 +696,6 @@ class Consumer:
             if code == _scripts.CANCEL_REQUESTED and not running.cancel_requested:
                 running.cancel_requested = True
                 running.lease_scope.cancel()
-
-    def _local_lease(self) -> float:
-        # Stop a little before the server would recover the task.
-        return self._lease_ttl - min(1.0, self._lease_ttl * 0.1)
 
 
 _COUNTED: Final = {

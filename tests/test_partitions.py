@@ -347,3 +347,26 @@ async def test_an_unrouted_call_is_refused_by_a_partitioned_queue(
     # Through the public API, a producer with the stale view follows it.
     parts = Partitions("stale")
     assert parts.layout.parts == 1
+
+
+async def test_a_damaged_layout_leaves_a_running_consumer_going(
+    redis_client: redis.asyncio.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    # It used to end the consumer: the layout's ConfigurationError escaped
+    # the loop that re-reads it every second.
+    queue = "damaged-layout"
+    conf = QueueKeys(queue).conf
+    ran = anyio.Event()
+
+    async def job() -> None:
+        ran.set()
+
+    async with (
+        Producer(redis_client, queue=queue, partitions=2) as producer,
+        aiogroupq.Consumer(redis_client, queue=queue, handlers={"job": job}),
+    ):
+        await producer.enqueue("job", delay=2.5)
+        await redis_client.hset(conf, "parts", "not a layout")
+        with anyio.fail_after(30):
+            await ran.wait()
+    assert any("going on with the layout 2" in r.getMessage() for r in caplog.records)
