@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from . import _layout, _scripts
 from ._connection import node_of
-from ._partition import Layout, Partitions, check_count, crc
+from ._partition import MAX_PARTITIONS, Layout, Partitions, check_count, crc
 from .errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -112,6 +112,10 @@ async def finish(client: Client, parts: Partitions) -> tuple[list[str], int]:
     layout = await _layout.read(client, parts)
     parts.layout = layout
     if layout.target is None:
+        # A finish that died after switching partition 0 left the retired
+        # partitions behind: this one completes it.
+        if await _retire_beyond(client, parts, layout):
+            return [], 0
         raise ConfigurationError(f"queue {parts.queue!r} is not being repartitioned")
     await _layout.heal(client, parts)
     shown, total = await blockers(client, parts)
@@ -123,15 +127,36 @@ async def finish(client: Client, parts: Partitions) -> tuple[list[str], int]:
         raise ConfigurationError(
             f"queue {parts.queue!r}: its layout changed meanwhile ({was}); try again"
         )
-    retired = [parts.keys(p) for p in range(done.parts, layout.count)]
     parts.layout = done
     await _layout.heal(client, parts)
-    # Partitions beyond the new count are empty: their copy of the layout
-    # makes them refuse any task still sent by a client that lags behind.
-    for keys in retired:
-        await _scripts.meta(client, keys, "cas", layout.text(), done.text())
-        await _fold_totals(client, keys, parts.keys(0))
+    await _retire_beyond(client, parts, done)
     return [], 0
+
+
+async def _retire_beyond(client: Client, parts: Partitions, done: Layout) -> int:
+    """Give each partition beyond *done*'s count that still holds another
+    layout *done*'s (so that it refuses any task still sent by a client that
+    lags behind: it is empty) and fold its totals into partition 0's; the
+    number of partitions retired so.
+
+    The old count's partitions are those holding a layout of their own, up
+    to the first without; they are retired from the last one down, so that
+    an interruption leaves the ones not yet retired before that first gap.
+    (*done* = 1 is stored as no layout at all.)
+    """
+    lagging: list[tuple[QueueKeys, str]] = []
+    for partition in range(done.parts, MAX_PARTITIONS):
+        keys = parts.keys(partition)
+        raw = await client.hget(keys.conf, "parts")
+        if raw is None:
+            break
+        text = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+        if text != done.text():
+            lagging.append((keys, text))
+    for keys, text in reversed(lagging):
+        await _scripts.meta(client, keys, "cas", text, done.text())
+        await _fold_totals(client, keys, parts.keys(0))
+    return len(lagging)
 
 
 #: the lifetime counters of a partition's ``stats`` hash (``stats()``'s totals)

@@ -277,3 +277,37 @@ async def test_an_interrupted_step_is_completed_by_the_next_client(
         with pytest.raises(aiogroupq.ConfigurationError, match="being repartitioned"):
             await admin.start_repartition(4)
         await admin.start_repartition(3)  # resumes: same target
+
+
+async def test_a_finish_interrupted_after_partition_0_is_completed(
+    redis_client: redis.asyncio.Redis,
+) -> None:
+    # A finish that died after switching partition 0 used to leave the
+    # retired partitions' layout and totals behind for good: finishing
+    # again said "not being repartitioned".
+    queue = "half-finished"
+    async with Producer(redis_client, queue=queue, partitions=3) as producer:
+        await producer.enqueue_many([Task("w", i) for i in range(9)])
+    async with aiogroupq.Consumer(
+        redis_client, queue=queue, handlers={"w": _noop}
+    ) as consumer:
+        with anyio.fail_after(30):
+            while consumer.stats.succeeded < 9:
+                await anyio.sleep(0.05)
+    async with aiogroupq.Admin(redis_client, queue=queue) as admin:
+        await admin.start_repartition(1)
+        # The operator dies right after partition 0's switch.
+        await _scripts.meta(redis_client, QueueKeys(queue), "cas", "3>1", "1")
+        assert (await admin.stats()).totals["succeeded"] < 9
+        assert await admin.finish_repartition() == []
+        copies = [
+            await redis_client.hget(QueueKeys(queue, p).conf, "parts") for p in range(3)
+        ]
+        assert copies == [None] * 3  # one partition: nothing stored
+        assert (await admin.stats()).totals["succeeded"] == 9
+        with pytest.raises(aiogroupq.ConfigurationError, match="not being"):
+            await admin.finish_repartition()
+
+
+async def _noop(_: object = None) -> None:
+    pass
