@@ -48,6 +48,17 @@ VIEW_SCRIPTS: Final = (STATS, GROUP_INFO, CONSUMERS, TASK_INFO, STATUSES)
 STATS_CONSUMERS: Final = 100
 #: task ids per ``statuses.lua`` call (a millisecond or two of server time)
 STATUS_CHUNK: Final = 500
+#: the lifetime counters of the ``stats`` hash (``QueueStats.totals``)
+TOTALS: Final = (
+    "enqueued",
+    "started",
+    "succeeded",
+    "retried",
+    "dead",
+    "cancelled",
+    "expired",
+    "recovered",
+)
 
 
 # -- reading replies -----------------------------------------------------------
@@ -146,19 +157,7 @@ async def queue_stats(client: Client, keys: QueueKeys) -> QueueStats:
         consumers=tuple(_consumer(row, now_ms) for row in r[18]),
         oldest_waiting=max(0, now_ms - min(heads)) / 1000 if heads else None,
         next_due_in=next_due,
-        totals={
-            name: counters.get(name, 0)
-            for name in (
-                "enqueued",
-                "started",
-                "succeeded",
-                "retried",
-                "dead",
-                "cancelled",
-                "expired",
-                "recovered",
-            )
-        },
+        totals={name: counters.get(name, 0) for name in TOTALS},
     )
 
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from . import _layout, _scripts
 from ._connection import node_of
+from ._observe import TOTALS
 from ._partition import MAX_PARTITIONS, Layout, Partitions, check_count, crc
 from .errors import ConfigurationError
 
@@ -159,25 +160,12 @@ async def _retire_beyond(client: Client, parts: Partitions, done: Layout) -> int
     return len(lagging)
 
 
-#: the lifetime counters of a partition's ``stats`` hash (``stats()``'s totals)
-_TOTALS: Final = (
-    "enqueued",
-    "started",
-    "succeeded",
-    "retried",
-    "dead",
-    "cancelled",
-    "expired",
-    "recovered",
-)
-
-
 async def _fold_totals(client: Client, retired: QueueKeys, first: QueueKeys) -> None:
     """Add a retired partition's lifetime totals to partition 0's, so that
     ``stats()`` keeps counting the tasks it ran (two calls on two slots: an
     interruption between them may count some twice, never lose them)."""
-    values: list[Any] = await client.hmget(retired.stats, list(_TOTALS))
-    counts = {name: int(raw) for name, raw in zip(_TOTALS, values, strict=True) if raw}
+    values: list[Any] = await client.hmget(retired.stats, list(TOTALS))
+    counts = {name: int(raw) for name, raw in zip(TOTALS, values, strict=True) if raw}
     if not counts:
         return
     async with client.pipeline(transaction=False) as pipe:
