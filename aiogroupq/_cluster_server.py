@@ -25,14 +25,19 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Final, Self
+from typing import Any, Final
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ._server import ServerProcess, ServerStartError, find_server_binary, free_port
+from ._server import (
+    ServerProcess,
+    ServerStartError,
+    Started,
+    find_server_binary,
+    free_port,
+)
 
 #: seconds the cluster may take to agree on its slots after it is made
 FORM_TIMEOUT: Final = 30.0
@@ -48,7 +53,7 @@ def _cli_binary(server: str) -> str | None:
     return shutil.which(name)
 
 
-class ClusterProcess:
+class ClusterProcess(Started):
     """A Redis Cluster of *masters* primaries with *replicas* replicas each.
 
     :param masters: primaries, 1 or more (the slots are split evenly)
@@ -125,22 +130,6 @@ class ClusterProcess:
         return ids[owner]
 
     # -- lifecycle -------------------------------------------------------------
-
-    def __enter__(self) -> Self:
-        try:
-            self.start()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def start(self) -> None:
         """Start every node, form the cluster and wait until it serves all

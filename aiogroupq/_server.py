@@ -110,7 +110,36 @@ def free_port() -> int:
         return port
 
 
-class ServerProcess:
+class Started:
+    """``with`` starts it (closing it again if the start fails) and closes
+    it: for a class with ``start()`` and ``close()``."""
+
+    def start(self) -> None:
+        """Start it."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Stop it and free what it holds."""
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class ServerProcess(Started):
     """One server process on 127.0.0.1: start, stop, kill, restart, freeze.
 
     The first :meth:`start` picks a free port (another one if the port was
@@ -195,22 +224,6 @@ class ServerProcess:
         return self.process is not None and self.process.poll() is None
 
     # -- lifecycle -------------------------------------------------------------
-
-    def __enter__(self) -> Self:
-        try:
-            self.start()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def start(self) -> None:
         """Start the server and wait until it answers PING.
