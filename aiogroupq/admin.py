@@ -23,19 +23,16 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Final, Literal, Self
 
 import anyio
-from redis.asyncio import Redis
-from redis.asyncio.cluster import RedisCluster
 
-from . import _aggregate, _layout, _observe, _repartition, _scripts, _validate
+from . import _aggregate, _observe, _repartition, _scripts, _validate
 from ._connection import (
-    Client,
     RedisLike,
     check_server,
     open_client,
     unavailable_as_error,
 )
 from ._fanout import each_partition
-from ._partition import Partitions, check_count
+from ._handle import QueueHandle
 from ._views import (
     ConsumerInfo,
     GroupInfo,
@@ -130,15 +127,15 @@ class QueueSettings:
     paused: bool = False
 
 
-class Admin(anyio.AsyncContextManagerMixin):
+class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
     """Settings, pause and resume of one queue and its groups, and views of
     what it is doing; use it as ``async with Admin(...) as admin``.
 
     Settings live in Redis, so every producer and consumer of the queue
     follows them at once. The views (:meth:`stats`, :meth:`group_info`,
     :meth:`groups`, :meth:`task`, :meth:`position`, :meth:`consumers`) are
-    each one read-only round trip that reads counters and indexes, never a
-    scan of the queue.
+    each one read-only script per partition (after one read of the
+    partition layout) over counters and indexes, never a scan of the queue.
 
     :param redis: a ``redis://`` URL, or a ``redis.asyncio.Redis`` client to
         borrow (never closed by us; must have ``decode_responses=False``)
@@ -152,22 +149,7 @@ class Admin(anyio.AsyncContextManagerMixin):
     def __init__(
         self, redis: RedisLike, *, queue: str, partitions: int | None = None
     ) -> None:
-        self._parts = Partitions(queue)
-        self._keys = self._parts.keys(0)
-        self._requested = (
-            None if partitions is None else check_count("partitions", partitions)
-        )
-        if not isinstance(redis, str | Redis | RedisCluster):
-            raise ConfigurationError(
-                f"expected a redis:// URL or a redis.asyncio.Redis client, got {redis!r}"
-            )
-        self._redis = redis
-        self._client: Client | None = None
-
-    @property
-    def queue(self) -> str:
-        """The queue this administers."""
-        return self._keys.queue
+        super().__init__(redis, queue, partitions)
 
     @asynccontextmanager
     async def __asynccontextmanager__(self) -> AsyncGenerator[Self]:
@@ -179,23 +161,6 @@ class Admin(anyio.AsyncContextManagerMixin):
                 yield self
             finally:
                 self._client = None
-
-    @unavailable_as_error
-    async def _open_layout(self, client: Client) -> None:
-        await _layout.open_layout(client, self._parts, self._requested)
-
-    async def _current(self) -> Partitions:
-        """The partitions, with the layout read again (another client may
-        have repartitioned the queue since we entered)."""
-        await _layout.refresh(self._open_client(), self._parts)
-        return self._parts
-
-    def _open_client(self) -> Client:
-        if self._client is None:
-            raise RuntimeError(
-                "this Admin is not open: use it inside 'async with Admin(...)'"
-            )
-        return self._client
 
     # -- groups ---------------------------------------------------------------
 

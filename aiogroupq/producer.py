@@ -13,8 +13,6 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Self, TypeVar, overload
 
 import anyio
 import msgspec
-from redis.asyncio import Redis
-from redis.asyncio.cluster import RedisCluster
 
 from . import _routing, _scripts, _validate
 from ._aggregate import statuses
@@ -27,7 +25,6 @@ from ._codec import (
     unpack,
 )
 from ._connection import (
-    Client,
     RedisLike,
     check_replicas,
     check_server,
@@ -36,10 +33,10 @@ from ._connection import (
     unavailable_as_error,
 )
 from ._fanout import by_partition, dead_letter_rows, each_partition, requeue_dead
-from ._layout import open_layout, refresh
+from ._handle import QueueHandle
 from ._observe import id_list
 from ._observer import EventKind, Observer, Observers, check_observers
-from ._partition import Partitions, check_count, in_partition
+from ._partition import in_partition
 from .errors import (
     BatchTooLargeError,
     ConfigurationError,
@@ -79,7 +76,7 @@ DEFAULT_RETENTION: Final = 3600.0
 MAX_BATCH: Final = 1000
 
 
-class Producer(anyio.AsyncContextManagerMixin):
+class Producer(QueueHandle, anyio.AsyncContextManagerMixin):
     """Enqueues tasks to one queue; use it as ``async with Producer(...) as p``.
 
     :param redis: a ``redis://`` URL, or a ``redis.asyncio.Redis`` client to
@@ -132,21 +129,12 @@ class Producer(anyio.AsyncContextManagerMixin):
         partitions: int | None = None,
         durability: Literal["primary", "replicated"] = "primary",
     ) -> None:
-        self._parts = Partitions(queue)
-        self._keys = self._parts.keys(0)
-        self._requested = (
-            None if partitions is None else check_count("partitions", partitions)
-        )
+        super().__init__(redis, queue, partitions)
         self._replication = _validate.durability(durability)
         self._observers = Observers(queue, check_observers(observers))
         _validate.setting_int("max_payload_bytes", max_payload_bytes)
         _validate.setting_int("default_max_attempts", default_max_attempts)
         window = _validate.setting_seconds("dedup_window", dedup_window, minimum=0.001)
-        if not isinstance(redis, str | Redis | RedisCluster):
-            raise ConfigurationError(
-                f"expected a redis:// URL or a redis.asyncio.Redis client, got {redis!r}"
-            )
-        self._redis = redis
         self._max_payload_bytes = max_payload_bytes
         self._task_types = None if task_types is None else frozenset(task_types)
         self._default_max_attempts = default_max_attempts
@@ -159,12 +147,6 @@ class Producer(anyio.AsyncContextManagerMixin):
                 f"allow_eviction must be True or False, got {allow_eviction!r}"
             )
         self._allow_eviction = allow_eviction
-        self._client: Client | None = None
-
-    @property
-    def queue(self) -> str:
-        """The queue this producer enqueues to."""
-        return self._keys.queue
 
     @asynccontextmanager
     async def __asynccontextmanager__(self) -> AsyncGenerator[Self]:
@@ -178,24 +160,6 @@ class Producer(anyio.AsyncContextManagerMixin):
                 yield self
             finally:
                 self._client = None
-
-    @unavailable_as_error
-    async def _open_layout(self, client: Client) -> None:
-        await open_layout(client, self._parts, self._requested)
-
-    async def _current(self) -> Partitions:
-        """The partitions, with the layout read again: the operations on dead
-        letters and halted groups must see a repartition begun since we
-        entered (enqueues learn it from the scripts' answers)."""
-        await refresh(self._open_client(), self._parts)
-        return self._parts
-
-    def _open_client(self) -> Client:
-        if self._client is None:
-            raise RuntimeError(
-                "this Producer is not open: use it inside 'async with Producer(...)'"
-            )
-        return self._client
 
     @unavailable_as_error
     async def enqueue(
