@@ -10,6 +10,7 @@ import os
 import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -443,6 +444,20 @@ def test_allow_eviction_must_be_a_bool(value: object) -> None:
         )
 
 
+@asynccontextmanager
+async def _user(
+    admin: redis.asyncio.Redis, redis_url: str, name: str, **acl: Any
+) -> AsyncIterator[str]:
+    """A Redis user with password "pw" and the given ACL, for the block: the
+    URL that logs in as it."""
+    user = f"{name}-{os.getpid()}"
+    await admin.acl_setuser(user, enabled=True, passwords=["+pw"], keys=["*"], **acl)
+    try:
+        yield redis_url.replace("redis://", f"redis://{user}:pw@")
+    finally:
+        await admin.acl_deluser(user)
+
+
 @pytest.mark.parametrize("kind", ["Producer", "Consumer"])
 async def test_a_denied_config_command_logs_one_warning_and_goes_on(
     redis_client: redis.asyncio.Redis,
@@ -452,21 +467,15 @@ async def test_a_denied_config_command_logs_one_warning_and_goes_on(
 ) -> None:
     # Managed services deny CONFIG (and least-privilege users lack it): the
     # policy cannot be checked, which must not stop anyone from starting.
-    user = f"noconfig-{os.getpid()}"
-    await redis_client.acl_setuser(
-        user,
-        enabled=True,
-        passwords=["+pw"],
-        keys=["*"],
+    async with _user(
+        redis_client,
+        redis_url,
+        "noconfig",
         categories=["+@all"],
         commands=["-config", "-info"],
-    )
-    url = redis_url.replace("redis://", f"redis://{user}:pw@")
-    try:
+    ) as url:
         with caplog.at_level(logging.WARNING, logger="aiogroupq"):
             await _enter(kind, url)
-    finally:
-        await redis_client.acl_deluser(user)
     warnings = [r for r in caplog.records if "maxmemory-policy" in r.getMessage()]
     assert len(warnings) == 1, caplog.text
     assert "noeviction" in warnings[0].getMessage()
@@ -479,20 +488,11 @@ async def test_the_version_check_needs_no_info_command(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     # HELLO tells the version; INFO, denied by -@dangerous, is not needed.
-    user = f"noinfo-{os.getpid()}"
-    await redis_client.acl_setuser(
-        user,
-        enabled=True,
-        passwords=["+pw"],
-        keys=["*"],
-        categories=["+@all", "-@dangerous"],
-    )
-    url = redis_url.replace("redis://", f"redis://{user}:pw@")
-    try:
+    async with _user(
+        redis_client, redis_url, "noinfo", categories=["+@all", "-@dangerous"]
+    ) as url:
         with caplog.at_level(logging.WARNING, logger="aiogroupq"):
             await _enter("Consumer", url)
-    finally:
-        await redis_client.acl_deluser(user)
     assert "version" not in caplog.text
 
 
