@@ -8,17 +8,11 @@ from __future__ import annotations
 
 import logging
 
-from ._fsck import Problem as Problem, check_queue as check_queue
-from ._handlers import Handler as Handler
-from ._observer import (
-    EventKind as EventKind,
-    Observer as Observer,
-    TaskEvent as TaskEvent,
-)
-from ._repair import Repair as Repair, repair_queue as repair_queue
-from ._schedule import Schedule as Schedule
-from ._views import (
+from ._inspect.check import Problem as Problem, check_queue as check_queue
+from ._inspect.repair import Repair as Repair, repair_queue as repair_queue
+from ._inspect.views import (
     ConsumerInfo as ConsumerInfo,
+    ConsumerStats as ConsumerStats,
     GroupInfo as GroupInfo,
     GroupPage as GroupPage,
     GroupState as GroupState,
@@ -26,13 +20,20 @@ from ._views import (
     QueueStats as QueueStats,
     TaskDetails as TaskDetails,
 )
+from ._telemetry.events import (
+    EventKind as EventKind,
+    Observer as Observer,
+    TaskEvent as TaskEvent,
+)
+from ._work.handlers import Handler as Handler
+from ._work.schedule import Schedule as Schedule
 from .admin import (
     Admin as Admin,
     GroupSettings as GroupSettings,
     QueueSettings as QueueSettings,
     Rate as Rate,
 )
-from .consumer import Consumer as Consumer, ConsumerStats as ConsumerStats
+from .consumer import Consumer as Consumer
 from .errors import (
     AiogroupqError as AiogroupqError,
     AuthenticationError as AuthenticationError,

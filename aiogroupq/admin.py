@@ -24,16 +24,12 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Self
 
 import anyio
 
-from . import _aggregate, _observe, _repartition, _scripts, _validate
-from ._connection import (
-    RedisLike,
-    check_server,
-    open_client,
-    unavailable_as_error,
+from ._inspect import (
+    aggregate as _aggregate,
+    reads as _observe,
+    repartition as _repartition,
 )
-from ._fanout import each_partition
-from ._handle import QueueHandle
-from ._views import (
+from ._inspect.views import (
     ConsumerInfo,
     GroupInfo,
     GroupPage,
@@ -41,10 +37,19 @@ from ._views import (
     QueueStats,
     TaskDetails,
 )
+from ._store import scripts as _scripts, validate as _validate
+from ._store.connection import (
+    RedisLike,
+    check_server,
+    open_client,
+    unavailable_as_error,
+)
+from ._store.fanout import each_partition
+from ._store.handle import QueueHandle
 from .errors import ConfigurationError, InvalidGroupError, TaskNotFoundError
 
 if TYPE_CHECKING:
-    from ._keys import QueueKeys
+    from ._store.keys import QueueKeys
     from .task import TaskState
 
 #: most slots a group may have

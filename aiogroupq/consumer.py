@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ("Consumer", "ConsumerStats")
+__all__ = ("Consumer",)
 
 import contextlib
 import logging
@@ -19,7 +19,6 @@ from collections.abc import (
     Sequence,
 )
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
-from dataclasses import dataclass
 from datetime import timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Final, Literal, Self
@@ -30,8 +29,10 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
-from . import _layout, _scripts, _validate
-from ._connection import (
+from ._inspect.views import ConsumerStats
+from ._store import layout as _layout, scripts as _scripts, validate as _validate
+from ._store.codec import dead_letter
+from ._store.connection import (
     REDIS_FAILURES,
     Client,
     RedisLike,
@@ -40,29 +41,29 @@ from ._connection import (
     open_client,
     translated_errors,
 )
-from ._fanout import by_partition, each_partition
-from ._fetcher import FetchContext, Fetcher, SlotPool, local_lease
-from ._finisher import Finisher
-from ._handlers import Handler, HandlerFunc, build_routes
-from ._identity import Identity
-from ._observer import EventKind, Observer, Observers, check_observers
-from ._partition import Partitions, check_count
-from ._registry import leave_registry
-from ._runner import RetryPolicy, Running, run_task
-from ._schedule import Schedule, Scheduler
-from ._telemetry import Telemetry
-from ._validate import setting_int, setting_seconds
+from ._store.defaults import DEFAULT_MAX_PAYLOAD_BYTES
+from ._store.fanout import by_partition, each_partition
+from ._store.partition import Partitions, check_count
+from ._store.registry import leave_registry
+from ._store.validate import setting_int, setting_seconds
+from ._telemetry.consumer import Telemetry
+from ._telemetry.events import EventKind, Observer, Observers, check_observers
+from ._work.fetcher import FetchContext, Fetcher, SlotPool, local_lease
+from ._work.finisher import Finisher
+from ._work.handlers import Handler, HandlerFunc, build_routes
+from ._work.identity import Identity
+from ._work.runner import RetryPolicy, Running, run_task
+from ._work.schedule import Schedule, Scheduler
 from .errors import (
     ConfigurationError,
     ConsumerRunningError,
     PayloadTooLargeError,
 )
-from .producer import DEFAULT_MAX_PAYLOAD_BYTES
 
 if TYPE_CHECKING:
     from redis.typing import EncodableT
 
-    from ._keys import QueueKeys
+    from ._store.keys import QueueKeys
     from .task import DeadLetter
 
 logger: logging.Logger = logging.getLogger(__name__)
@@ -75,26 +76,6 @@ LAYOUT_POLL: Final = 1.0
 #: random bytes in a generated consumer name: nobody can guess a live
 #: consumer's name and take over its tasks by naming itself so
 _NAME_RANDOM_BYTES: Final = 8
-
-
-@dataclass(frozen=True, slots=True)
-class ConsumerStats:
-    """Counters of one consumer since it was created, over all its runs
-    (see :attr:`Consumer.stats`).
-
-    ``loop_blocked`` counts the times the event loop did not run for a third
-    of ``lease_ttl`` (at most 1 s) or longer: a handler blocked it.
-    """
-
-    claimed: int
-    succeeded: int
-    retried: int
-    dead: int
-    cancelled: int
-    handed_back: int
-    lease_lost: int
-    running: int
-    loop_blocked: int = 0
 
 
 class Consumer:
@@ -566,7 +547,6 @@ class Consumer:
             self._side_tasks.start_soon(self._notify_dead, client, ids)
 
     async def _notify_dead(self, client: Client, ids: Sequence[str]) -> None:
-        from .producer import _dead_letter
 
         try:
             rows = []
@@ -576,7 +556,7 @@ class Consumer:
             logger.warning("could not read dead letters %s for on_dead: %s", ids, exc)
             return
         for row in rows:
-            await self._call_on_dead(_dead_letter(row))
+            await self._call_on_dead(dead_letter(row))
 
     async def _call_on_dead(self, notice: DeadLetter) -> None:
         assert self._on_dead is not None

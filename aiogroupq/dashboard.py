@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from . import _validate
+from ._store import validate as _validate
 from .errors import ConfigurationError, MissingExtraError
 
 try:
@@ -42,7 +42,7 @@ from ._dashboard._auth import AuthCheck, Guard
 if TYPE_CHECKING:
     from starlette.applications import Starlette
 
-    from ._connection import RedisLike
+    from ._store.connection import RedisLike
 
 
 def create_app(

@@ -19,7 +19,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Final
 
 from . import __version__
-from ._observer import EventKind, Observer, TaskEvent
+from ._telemetry.events import EventKind, Observer, TaskEvent
 from .errors import MissingExtraError
 
 try:

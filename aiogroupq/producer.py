@@ -9,22 +9,22 @@ import time
 from collections.abc import AsyncGenerator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Final, Literal, Self, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar, overload
 
 import anyio
 import msgspec
 
-from . import _routing, _scripts, _validate
-from ._aggregate import statuses
-from ._codec import (
+from ._inspect.aggregate import statuses
+from ._inspect.reads import id_list
+from ._store import routing as _routing, scripts as _scripts, validate as _validate
+from ._store.codec import (
     EncodeFailure,
-    describe_decode_error,
+    dead_letter,
+    decode_result,
     encode_payload,
     pack,
-    payload_decoder,
-    unpack,
 )
-from ._connection import (
+from ._store.connection import (
     RedisLike,
     check_replicas,
     check_server,
@@ -32,11 +32,17 @@ from ._connection import (
     socket_timeout,
     unavailable_as_error,
 )
-from ._fanout import by_partition, dead_letter_rows, each_partition, requeue_dead
-from ._handle import QueueHandle
-from ._observe import id_list
-from ._observer import EventKind, Observer, Observers, check_observers
-from ._partition import in_partition
+from ._store.defaults import (
+    DEFAULT_DEDUP_WINDOW,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    DEFAULT_RETENTION,
+    MAX_BATCH,
+)
+from ._store.fanout import by_partition, dead_letter_rows, each_partition, requeue_dead
+from ._store.handle import QueueHandle
+from ._store.partition import in_partition
+from ._telemetry.events import EventKind, Observer, Observers, check_observers
 from .errors import (
     BatchTooLargeError,
     ConfigurationError,
@@ -44,7 +50,6 @@ from .errors import (
     CorruptTaskError,
     GroupFullError,
     InvalidGroupError,
-    InvalidResultError,
     InvalidTaskError,
     NoResultError,
     NotReplicatedError,
@@ -59,21 +64,9 @@ from .errors import (
 from .task import DeadLetter, Envelope, Task, TaskState, new_task_id
 
 if TYPE_CHECKING:
-    from ._keys import QueueKeys
+    from ._store.keys import QueueKeys
 
 T = TypeVar("T")
-
-#: default ``max_payload_bytes``: 512 KiB of encoded MessagePack
-DEFAULT_MAX_PAYLOAD_BYTES: Final = 512 * 1024
-#: default ``max_attempts`` of a task
-DEFAULT_MAX_ATTEMPTS: Final = 3
-#: default deduplication window in seconds (SQS FIFO's)
-DEFAULT_DEDUP_WINDOW: Final = 300.0
-#: default retention of succeeded and cancelled tasks' states, in seconds
-DEFAULT_RETENTION: Final = 3600.0
-#: most tasks one ``enqueue_many`` call takes: one atomic script call stays
-#: around 10 ms of Redis time
-MAX_BATCH: Final = 1000
 
 
 class Producer(QueueHandle, anyio.AsyncContextManagerMixin):
@@ -488,7 +481,7 @@ class Producer(QueueHandle, anyio.AsyncContextManagerMixin):
         if _state(task_id, state) == TaskState.SUCCEEDED:
             if result is None:
                 raise NoResultError(task_id)
-            return _decode_result(task_id, result, result_type)
+            return decode_result(task_id, result, result_type)
         if state == TaskState.DEAD:
             raise TaskFailedError(task_id, reason)
         if state == TaskState.CANCELLED:
@@ -567,16 +560,7 @@ class Producer(QueueHandle, anyio.AsyncContextManagerMixin):
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"limit must be an int >= 1, got {limit!r}")
         rows = await dead_letter_rows(self._open_client(), await self._current(), limit)
-        return [_dead_letter(row) for row in rows]
-
-
-def _decode_result(task_id: str, result: bytes, result_type: Any) -> Any:
-    decoder = payload_decoder(result_type)
-    try:
-        return decoder.decode(result)
-    except Exception as exc:  # whatever the stored bytes are
-        detail = describe_decode_error(exc)
-        raise InvalidResultError(task_id, result_type, detail) from exc
+        return [dead_letter(row) for row in rows]
 
 
 def _state(task_id: str, state: str) -> TaskState:
@@ -584,25 +568,3 @@ def _state(task_id: str, state: str) -> TaskState:
         return TaskState(state)
     except ValueError:
         raise CorruptTaskError(task_id, f"unknown state {state!r}") from None
-
-
-def _dead_letter(row: _scripts.DeadRow) -> DeadLetter:
-    # A dead letter's bytes may be exactly why it died: whatever fails to
-    # decode is shown as unknown ("?", None) rather than failing the listing.
-    envelope: Envelope | None = None
-    payload: Any = None
-    try:
-        envelope = unpack(row.envelope)
-        payload = msgspec.msgpack.decode(envelope.payload)
-    except Exception:  # noqa: BLE001, S110 - any stored bytes: see above
-        pass
-    return DeadLetter(
-        id=row.id,
-        type=envelope.type if envelope else "?",
-        group=envelope.group if envelope else None,
-        payload=payload,
-        reason=row.reason,
-        traceback=row.traceback,
-        attempts=row.attempts,
-        dead_at=row.dead_at_ms / 1000,
-    )

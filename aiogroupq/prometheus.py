@@ -20,7 +20,7 @@ from weakref import WeakKeyDictionary
 
 import anyio
 
-from ._observer import EventKind, Observer, TaskEvent
+from ._telemetry.events import EventKind, Observer, TaskEvent
 from .errors import MissingExtraError
 
 try:

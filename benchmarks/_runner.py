@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aiogroupq._server import ServerProcess, find_server_binary
+from aiogroupq.testing._server import ServerProcess, find_server_binary
 from benchmarks import _report, _venvs
 from benchmarks.peers._harness import Resp
 

@@ -32,8 +32,8 @@ import anyio
 import redis
 
 import aiogroupq
-from aiogroupq._cluster_server import ClusterProcess
-from aiogroupq._keys import QueueKeys, id_partition
+from aiogroupq._store.keys import QueueKeys, id_partition
+from aiogroupq.testing._cluster_server import ClusterProcess
 
 QUEUE = "cluster-bench"
 BATCH = 500

@@ -31,7 +31,7 @@ import anyio
 import redis.asyncio
 
 import aiogroupq
-from aiogroupq import _scripts
+from aiogroupq._store import scripts as _scripts
 from benchmarks._runner import server_info, throwaway_server
 
 QUEUE = "slowest"

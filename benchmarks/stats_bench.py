@@ -22,8 +22,8 @@ import anyio
 import redis.asyncio
 
 import aiogroupq
-from aiogroupq import _scripts
-from aiogroupq._keys import QueueKeys
+from aiogroupq._store import scripts as _scripts
+from aiogroupq._store.keys import QueueKeys
 from benchmarks._runner import server_info, throwaway_server
 
 QUEUE = "stats-bench"

@@ -18,8 +18,9 @@ import anyio
 import redis.asyncio
 
 import aiogroupq
-from aiogroupq import _fsck, _scripts
-from aiogroupq._keys import QueueKeys
+from aiogroupq._inspect import check as _fsck
+from aiogroupq._store import scripts as _scripts
+from aiogroupq._store.keys import QueueKeys
 
 from ._tasks import envelope_of
 

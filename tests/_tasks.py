@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from aiogroupq._codec import pack
+from aiogroupq._store.codec import pack
 from aiogroupq.task import Envelope
 
 

@@ -63,15 +63,18 @@ NOT_COMMANDS |= {"initialize"}
 # Modules outside what producers and consumers run (the consistency check,
 # the demo and its embedded server).
 OPERATOR_MODULES = {
-    "_fsck.py",
-    "_demo.py",
+    "_inspect/check.py",
+    "_cli/demo.py",
     "_embedded.py",
-    "_repair.py",
-    "_snapshot.py",
-    "_cli_ops.py",
-    "_aggregate.py",
-    "_repartition.py",
+    "_inspect/repair.py",
+    "_inspect/snapshot.py",
+    "_cli/ops.py",
+    "_inspect/aggregate.py",
+    "_inspect/repartition.py",
 }
+# Folders outside what producers and consumers run: the web UI (its own
+# rule in docs/operations.md) and the test helpers with their servers.
+NOT_LIBRARY = {"_dashboard", "testing"}
 # Scripts only operators run (aiogroupq check --repair).
 OPERATOR_SCRIPTS = {
     "repair.lua",
@@ -102,8 +105,10 @@ def lua_commands() -> set[str]:
 def python_methods() -> set[str]:
     """redis-py methods the package calls on a client or pipeline."""
     found: set[str] = set()
-    for module in (ROOT / "aiogroupq").glob("*.py"):
-        if module.name in OPERATOR_MODULES:
+    package = ROOT / "aiogroupq"
+    for module in package.rglob("*.py"):
+        name = module.relative_to(package).as_posix()
+        if name in OPERATOR_MODULES or name.split("/")[0] in NOT_LIBRARY:
             continue
         source = module.read_text(encoding="utf-8")
         found.update(re.findall(r"\b(?:client|pipe)\.([a-z_]+)\(", source))

@@ -24,7 +24,7 @@ import anyio
 import redis.asyncio
 
 import aiogroupq
-from aiogroupq._keys import QueueKeys
+from aiogroupq._store.keys import QueueKeys
 
 QUEUE = "backoff"
 KEYS = QueueKeys(QUEUE)

@@ -21,8 +21,8 @@ import redis.asyncio
 
 import aiogroupq
 from aiogroupq import Consumer, Producer, TaskState
-from aiogroupq._codec import MAX_DEPTH
-from aiogroupq._keys import QueueKeys
+from aiogroupq._store.codec import MAX_DEPTH
+from aiogroupq._store.keys import QueueKeys
 
 QUEUE = "bytes"
 KEYS = QueueKeys(QUEUE)

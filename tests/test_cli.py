@@ -16,8 +16,8 @@ import pytest
 import redis.asyncio
 
 import aiogroupq
-from aiogroupq import _demo
-from aiogroupq._server import ServerProcess, free_port
+from aiogroupq._cli import demo as _demo
+from aiogroupq.testing._server import ServerProcess, free_port
 
 from . import example_app
 

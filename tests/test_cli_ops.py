@@ -19,8 +19,9 @@ import pytest
 import redis.asyncio
 
 import aiogroupq
-from aiogroupq import GroupState, _scripts
-from aiogroupq._keys import QueueKeys
+from aiogroupq import GroupState
+from aiogroupq._store import scripts as _scripts
+from aiogroupq._store.keys import QueueKeys
 
 ROOT = Path(__file__).resolve().parents[1]
 QUEUE = "ops"

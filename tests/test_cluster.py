@@ -28,9 +28,9 @@ from redis.asyncio.cluster import RedisCluster
 
 import aiogroupq
 from aiogroupq import ConfigurationError, Producer, Task, TaskState
-from aiogroupq._cluster_server import ClusterProcess
-from aiogroupq._keys import QueueKeys, id_partition
-from aiogroupq._server import find_server_binary
+from aiogroupq._store.keys import QueueKeys, id_partition
+from aiogroupq.testing._cluster_server import ClusterProcess
+from aiogroupq.testing._server import find_server_binary
 
 from ._journal import Job, Journal, Options, check, consumer_processes
 

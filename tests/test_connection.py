@@ -19,11 +19,11 @@ import pytest
 import redis.asyncio
 
 import aiogroupq
-from aiogroupq import _connection
-from aiogroupq._server import ServerProcess, free_port
+from aiogroupq._store import connection as _connection
+from aiogroupq.testing._server import ServerProcess, free_port
 
 QUEUE = "conn"
-#: the documented budget of a round trip (aiogroupq._connection.CALL_BUDGET)
+#: the documented budget of a round trip (aiogroupq._store.connection.CALL_BUDGET)
 BUDGET = 5.0
 #: liveness only: far below the 72 s a frozen server used to cost a call
 PATIENCE = BUDGET * 3

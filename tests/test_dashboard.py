@@ -736,7 +736,7 @@ def test_without_starlette_the_import_says_what_to_install(
 async def test_the_command_without_the_extra_says_what_to_install() -> None:
     code = (
         "import sys; sys.modules['starlette'] = None; "
-        "from aiogroupq.cli import main; "
+        "from aiogroupq._cli.main import main; "
         "sys.exit(main(['dashboard', '--queue', 'q']))"
     )
     with anyio.fail_after(60):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from aiogroupq import _demo
+from aiogroupq._cli import demo as _demo
 
 ROOT = Path(__file__).resolve().parents[1]
 #: liveness only: how long the demo may take to react before we call it hung

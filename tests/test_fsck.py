@@ -18,9 +18,10 @@ import pytest
 import redis.asyncio
 
 import aiogroupq
-from aiogroupq import _fsck, _scripts, _snapshot
-from aiogroupq._codec import pack
-from aiogroupq._keys import QueueKeys
+from aiogroupq._inspect import check as _fsck, snapshot as _snapshot
+from aiogroupq._store import scripts as _scripts
+from aiogroupq._store.codec import pack
+from aiogroupq._store.keys import QueueKeys
 from aiogroupq.task import Envelope
 
 from ._damage import DAMAGES, KEYS, QUEUE, build, needs_priorities, new

@@ -29,12 +29,19 @@ import redis.asyncio
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import aiogroupq
-from aiogroupq import TaskState, _scripts
-from aiogroupq._codec import EncodeFailure, encode_payload, pack, payload_decoder
-from aiogroupq._handlers import build_routes
-from aiogroupq._keys import QueueKeys
-from aiogroupq._runner import RetryPolicy, Running, run_task
-from aiogroupq.producer import _dead_letter, _decode_result
+from aiogroupq import TaskState
+from aiogroupq._store import scripts as _scripts
+from aiogroupq._store.codec import (
+    EncodeFailure,
+    dead_letter,
+    decode_result,
+    encode_payload,
+    pack,
+    payload_decoder,
+)
+from aiogroupq._store.keys import QueueKeys
+from aiogroupq._work.handlers import build_routes
+from aiogroupq._work.runner import RetryPolicy, Running, run_task
 from aiogroupq.task import DeadLetter, Envelope
 
 EXAMPLES = int(os.environ.get("AIOGROUPQ_FUZZ_EXAMPLES", "200"))
@@ -223,11 +230,11 @@ def test_read_decoders_raise_only_typed_errors() -> None:
         tried += 1
         try:
             row = _scripts.DeadRow("t", 0.0, envelope, "why", "", 1)
-            letter = _dead_letter(row)
+            letter = dead_letter(row)
             assert letter.reason == "why"
             reason = "decoded"
             try:
-                _decode_result("t", result, result_type)
+                decode_result("t", result, result_type)
             except aiogroupq.InvalidResultError as exc:
                 reason = exc.reason
             assert reason

@@ -15,7 +15,7 @@ import msgspec
 import pytest
 
 from aiogroupq import ConfigurationError
-from aiogroupq._handlers import build_routes
+from aiogroupq._work.handlers import build_routes
 
 
 class Point(msgspec.Struct):

@@ -14,8 +14,9 @@ import pytest
 import redis.asyncio
 
 import aiogroupq
-from aiogroupq import TaskState, _scripts
-from aiogroupq._keys import QueueKeys
+from aiogroupq import TaskState
+from aiogroupq._store import scripts as _scripts
+from aiogroupq._store.keys import QueueKeys
 
 QUEUE = "logging"
 KEYS = QueueKeys(QUEUE)

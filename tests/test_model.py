@@ -55,8 +55,9 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from aiogroupq import _fsck, _scripts
-from aiogroupq._keys import QueueKeys
+from aiogroupq._inspect import check as _fsck
+from aiogroupq._store import scripts as _scripts
+from aiogroupq._store.keys import QueueKeys
 
 from ._tasks import envelope_of
 

@@ -13,8 +13,8 @@ import redis.asyncio
 from redis.exceptions import NoScriptError
 
 import aiogroupq
-from aiogroupq import _scripts
-from aiogroupq._keys import QueueKeys
+from aiogroupq._store import scripts as _scripts
+from aiogroupq._store.keys import QueueKeys
 
 QUEUE = "noscript"
 KEYS = QueueKeys(QUEUE)

@@ -14,9 +14,10 @@ import pytest
 import redis.asyncio
 
 import aiogroupq
-from aiogroupq import EventKind, TaskEvent, TaskState, _scripts
-from aiogroupq._codec import pack, unpack
-from aiogroupq._keys import QueueKeys
+from aiogroupq import EventKind, TaskEvent, TaskState
+from aiogroupq._store import scripts as _scripts
+from aiogroupq._store.codec import pack, unpack
+from aiogroupq._store.keys import QueueKeys
 from aiogroupq.task import Envelope
 
 QUEUE = "observers"

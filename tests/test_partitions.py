@@ -17,9 +17,11 @@ import pytest
 import redis.asyncio
 
 import aiogroupq
-from aiogroupq import ConfigurationError, Producer, Task, TaskState, _fsck, _scripts
-from aiogroupq._keys import QueueKeys, id_partition
-from aiogroupq._partition import Partitions
+from aiogroupq import ConfigurationError, Producer, Task, TaskState
+from aiogroupq._inspect import check as _fsck
+from aiogroupq._store import scripts as _scripts
+from aiogroupq._store.keys import QueueKeys, id_partition
+from aiogroupq._store.partition import Partitions
 
 #: liveness only
 PATIENCE = 30.0

@@ -12,8 +12,8 @@ import pytest
 import redis.asyncio
 
 import aiogroupq
-from aiogroupq import _scripts
-from aiogroupq._keys import QueueKeys
+from aiogroupq._store import scripts as _scripts
+from aiogroupq._store.keys import QueueKeys
 
 QUEUE = "recovery"
 

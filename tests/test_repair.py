@@ -15,8 +15,9 @@ import pytest
 import redis.asyncio
 
 import aiogroupq
-from aiogroupq import _fsck, _repair, _scripts
-from aiogroupq._keys import QueueKeys
+from aiogroupq._inspect import check as _fsck, repair as _repair
+from aiogroupq._store import scripts as _scripts
+from aiogroupq._store.keys import QueueKeys
 
 from ._damage import (
     DAMAGES,

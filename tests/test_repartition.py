@@ -20,8 +20,9 @@ import redis.asyncio
 from anyio.abc import TaskStatus
 
 import aiogroupq
-from aiogroupq import Producer, Task, _scripts
-from aiogroupq._keys import QueueKeys, id_partition
+from aiogroupq import Producer, Task
+from aiogroupq._store import scripts as _scripts
+from aiogroupq._store.keys import QueueKeys, id_partition
 
 from ._journal import Job, Journal, check, make_handlers
 

@@ -8,7 +8,7 @@ import redis.asyncio
 
 import aiogroupq
 from aiogroupq import TaskState
-from aiogroupq._server import free_port
+from aiogroupq.testing._server import free_port
 
 QUEUE = "robust"
 

@@ -19,12 +19,12 @@ import redis.asyncio
 from hypothesis import given, settings
 
 import aiogroupq
-from aiogroupq import _schedule
-from aiogroupq._codec import unpack
-from aiogroupq._fsck import check
-from aiogroupq._keys import QueueKeys
-from aiogroupq._partition import Partitions
-from aiogroupq._schedule import Scheduler, _CronTicks, _IntervalTicks
+from aiogroupq._inspect.check import check
+from aiogroupq._store.codec import unpack
+from aiogroupq._store.keys import QueueKeys
+from aiogroupq._store.partition import Partitions
+from aiogroupq._work import schedule as _schedule
+from aiogroupq._work.schedule import Scheduler, _CronTicks, _IntervalTicks
 
 from . import schedule_app
 from .test_cli import Proc

@@ -20,8 +20,8 @@ import redis.asyncio
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import aiogroupq
-from aiogroupq import _scripts
-from aiogroupq._keys import QueueKeys
+from aiogroupq._store import scripts as _scripts
+from aiogroupq._store.keys import QueueKeys
 
 from ._journal import Entry, Job, Journal, check, consumer_processes, make_handlers
 from ._tasks import envelope_of

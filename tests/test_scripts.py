@@ -4,7 +4,7 @@ Every scenario inspects the keys the scripts leave behind (the ready list,
 the priority set, group hashes ``grp:<g>`` with their counts and slot marks,
 lines ``park:<g>``, held lists, the delayed set, leases, recovery keys, task
 hashes, counters) and, where the queue is meant to be healthy, ends with
-:func:`aiogroupq._fsck.check` finding nothing wrong. Lease expiry is real (a
+:func:`aiogroupq._inspect.check.check` finding nothing wrong. Lease expiry is real (a
 claim with a tiny lease, then a sleep past it) or simulated by setting a
 lease's score to 0; either is a precondition, never a measured duration.
 
@@ -23,8 +23,9 @@ import pytest
 import redis.asyncio
 from redis.exceptions import ResponseError
 
-from aiogroupq import _fsck, _scripts
-from aiogroupq._keys import QueueKeys
+from aiogroupq._inspect import check as _fsck
+from aiogroupq._store import scripts as _scripts
+from aiogroupq._store.keys import QueueKeys
 from aiogroupq.errors import CorruptQueueError
 
 from ._tasks import envelope_of
@@ -232,7 +233,7 @@ async def dump(client: redis.asyncio.Redis) -> dict[str, Any]:
 
 
 async def assert_consistent(client: redis.asyncio.Redis) -> None:
-    """The queue's keys keep every invariant (see :mod:`aiogroupq._fsck`)."""
+    """The queue's keys keep every invariant (see :mod:`aiogroupq._inspect.check`)."""
     assert await _fsck.check(client, KEYS) == []
 
 

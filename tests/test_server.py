@@ -1,4 +1,4 @@
-"""The one server launcher (``aiogroupq._server``, public as
+"""The one server launcher (``aiogroupq.testing._server``, public as
 ``aiogroupq.testing.ServerProcess``) and the pytest plugin's fixtures."""
 
 from __future__ import annotations
@@ -16,8 +16,12 @@ import redis.asyncio
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from aiogroupq import _server
-from aiogroupq.testing import ServerProcess, ServerStartError, find_server_binary
+from aiogroupq.testing import (
+    ServerProcess,
+    ServerStartError,
+    _server,
+    find_server_binary,
+)
 
 MakeServer = Callable[..., ServerProcess]
 

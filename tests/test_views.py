@@ -20,8 +20,10 @@ import pytest
 import redis.asyncio
 
 import aiogroupq
-from aiogroupq import GroupState, TaskState, _fsck, _scripts
-from aiogroupq._keys import QueueKeys
+from aiogroupq import GroupState, TaskState
+from aiogroupq._inspect import check as _fsck
+from aiogroupq._store import scripts as _scripts
+from aiogroupq._store.keys import QueueKeys
 
 QUEUE = "views"
 KEYS = QueueKeys(QUEUE)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from .._cli_render import count
+from .._cli.render import count
 from ._app import ActionRefused, Dashboard, Form, action, first
 
 #: dead letters read and requeued per round trip by "requeue all"

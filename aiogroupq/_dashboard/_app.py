@@ -32,9 +32,9 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from .. import _cli_render as fmt
-from .._connection import Client, RedisLike, check_borrowed, new_client
-from .._keys import QueueKeys
+from .._cli import render as fmt
+from .._store.connection import Client, RedisLike, check_borrowed, new_client
+from .._store.keys import QueueKeys
 from ..admin import Admin
 from ..errors import (
     AiogroupqError,
@@ -52,7 +52,7 @@ from ._history import History, window_text
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-    from .._views import QueueStats
+    from .._inspect.views import QueueStats
 
 logger: logging.Logger = logging.getLogger("aiogroupq.dashboard")
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Final
 from markupsafe import Markup
 
 if TYPE_CHECKING:
-    from .._views import QueueStats
+    from .._inspect.views import QueueStats
 
 #: the totals that count attempts ending in a failure: a retry after a
 #: failure (or a ``Retry``) and a dead letter

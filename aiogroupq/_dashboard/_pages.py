@@ -9,7 +9,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from .._views import GroupInfo, GroupState
+from .._inspect.views import GroupInfo, GroupState
 from ..errors import AiogroupqError, InvalidGroupError, TaskNotFoundError
 from ..task import TaskState
 from . import _auth

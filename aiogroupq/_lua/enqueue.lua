@@ -20,7 +20,7 @@
     schedule      "" for none, else a schedule name: the task is enqueued
                   only if its tick is later than the schedule's last one
     tick          the schedule tick (Unix ms), or 0
-  ARGV[4+13n]  (a partitioned queue, see _partition.py) this partition's
+  ARGV[4+13n]  (a partitioned queue, see _store/partition.py) this partition's
                number p; then one argument per task: crc32 of its group, or
                "" for an ungrouped task. A queue whose conf holds "parts"
                refuses calls without them.

@@ -1,5 +1,5 @@
 #!lua flags=allow-oom
---[[ meta.lua: the layout of a partitioned queue (see _partition.py): field
+--[[ meta.lua: the layout of a partitioned queue (see _store/partition.py): field
   "parts" of each partition's conf hash, absent for a queue of one
   partition ("1"), "K" for K partitions, "K>K'" while moving to K'.
   KEYS[1..6]  the common keys (see lib/base.lua)

@@ -17,11 +17,6 @@ See docs/testing.md.
 
 from __future__ import annotations
 
-from .._server import (
-    ServerProcess as ServerProcess,
-    ServerStartError as ServerStartError,
-    find_server_binary as find_server_binary,
-)
 from ._drain import TaskOutcome as TaskOutcome, drain as drain
 from ._errors import (
     DrainTimeoutError as DrainTimeoutError,
@@ -34,6 +29,11 @@ from ._journal import (
     Journal as Journal,
     JournalEntry as JournalEntry,
     assert_group_order as assert_group_order,
+)
+from ._server import (
+    ServerProcess as ServerProcess,
+    ServerStartError as ServerStartError,
+    find_server_binary as find_server_binary,
 )
 
 __all__ = (

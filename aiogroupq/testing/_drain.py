@@ -10,17 +10,17 @@ from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 
-from .. import _layout
-from .._connection import Client, RedisLike, node_of, open_client
-from .._handlers import Handler, HandlerFunc, build_routes
-from .._partition import Partitions
+from .._store import layout as _layout
+from .._store.connection import Client, RedisLike, node_of, open_client
+from .._store.partition import Partitions
+from .._work.handlers import Handler, HandlerFunc, build_routes
 from ..consumer import Consumer
 from ..task import DeadLetter, TaskState, current_task
 from ._errors import DrainTimeoutError
 from ._wrap import wrap_handler
 
 if TYPE_CHECKING:
-    from .._keys import QueueKeys
+    from .._store.keys import QueueKeys
 
 _TERMINAL: Final = frozenset({TaskState.SUCCEEDED, TaskState.DEAD, TaskState.CANCELLED})
 

@@ -10,9 +10,9 @@ from typing import Any
 import anyio
 import msgspec
 
-from .. import _validate
-from .._codec import EncodeFailure, encode_payload
-from .._handlers import Handler, HandlerFunc, build_routes
+from .._store import validate as _validate
+from .._store.codec import EncodeFailure, encode_payload
+from .._work.handlers import Handler, HandlerFunc, build_routes
 from ..errors import InvalidTaskError, UnencodablePayloadError
 from ..task import TaskInfo, _current
 from ._errors import PayloadDecodeError, ResultEncodeError
@@ -77,7 +77,7 @@ async def run_inline(
     try:
         decoded = route.decoder.decode(encoded)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        # The consumer's dead-letter reason, word for word (see _runner.py).
+        # The consumer's dead-letter reason, word for word (see _work/runner.py).
         reason = (
             f"InvalidPayload: payload does not decode into "
             f"{route.describe_type()}: {exc}"

@@ -12,7 +12,7 @@ from ._errors import GroupOrderError
 from ._wrap import wrap_handler
 
 if TYPE_CHECKING:
-    from .._handlers import Handler, HandlerFunc
+    from .._work.handlers import Handler, HandlerFunc
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Protocol
 
-from .._handlers import Handler, HandlerFunc
+from .._work.handlers import Handler, HandlerFunc
 
 
 class RunHooks(Protocol):

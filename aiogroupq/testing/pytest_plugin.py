@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 import redis.asyncio
 
-from .._server import ServerProcess
+from ._server import ServerProcess
 
 
 @pytest.fixture(scope="session")

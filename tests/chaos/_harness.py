@@ -8,7 +8,7 @@ rate; the fault methods (:meth:`kill`, :meth:`stall`, :meth:`terminate`,
 :meth:`restart_redis`, :meth:`drop`, :meth:`flush_scripts`) inject one fault
 each and journal it; :meth:`Cluster.settle` waits until every task is
 terminal, stops the consumers gracefully and judges the journal
-(:func:`._oracle.judge`) and the queue's keys (``aiogroupq._fsck.check``).
+(:func:`._oracle.judge`) and the queue's keys (``aiogroupq._inspect.check.check``).
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from anyio.abc import TaskGroup
 from redis.exceptions import RedisError
 
 import aiogroupq
-from aiogroupq._keys import QueueKeys
-from aiogroupq._server import ServerProcess
+from aiogroupq._store.keys import QueueKeys
+from aiogroupq.testing._server import ServerProcess
 
 from . import _oracle
 from ._journal import JOURNAL, JournalWriter
@@ -615,7 +615,7 @@ class Cluster:
             )
         )
         verdict = _oracle.judge(lines, self.specs, finals)
-        from aiogroupq._fsck import check
+        from aiogroupq._inspect.check import check
 
         problems = [
             f"{p.kind} {p.task_id} {p.group}: {p.detail}"

@@ -29,13 +29,13 @@ from redis.asyncio.cluster import RedisCluster
 
 import aiogroupq
 from aiogroupq import AiogroupqError, Producer
-from aiogroupq._cluster_server import ClusterProcess
-from aiogroupq._keys import QueueKeys
+from aiogroupq._store.keys import QueueKeys
+from aiogroupq.testing._cluster_server import ClusterProcess
 
 from .._journal import Job, Journal, Options, check, consumer_processes
 
 if TYPE_CHECKING:
-    from aiogroupq._server import ServerProcess
+    from aiogroupq.testing._server import ServerProcess
 
 pytestmark = pytest.mark.chaos
 

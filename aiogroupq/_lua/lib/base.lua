@@ -8,7 +8,7 @@
   ARGV[1]  key prefix "{aiogroupq:<q>}:"
 
   Every other key is built from the prefix, so it shares the hash tag and
-  lives in the same cluster slot; _keys.py builds the same names.
+  lives in the same cluster slot; _store/keys.py builds the same names.
 
   Task hash t:<id> fields (a legend; docs/internals.md has the long form):
     e envelope  g group  m max attempts  a attempts started  s state
@@ -69,7 +69,7 @@ local function wrong_type(reply)
   error(reply)
 end
 
--- The reply for a damaged key found before any write; _scripts.py turns it
+-- The reply for a damaged key found before any write; _store/scripts.py turns it
 -- into CorruptQueueError.
 local function corrupt(key, why)
   return redis.error_reply('ERR aiogroupq corrupt ' .. key .. ': ' .. tostring(why))

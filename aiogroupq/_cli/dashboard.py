@@ -1,0 +1,164 @@
+"""``aiogroupq dashboard``: serve the web dashboard with uvicorn.
+
+The parser needs nothing beyond the core; running it imports the
+``dashboard`` extra (Starlette, Jinja2, uvicorn) and says how to install it
+when it is missing.
+"""
+
+from __future__ import annotations
+
+__all__ = ("add_command", "run")
+
+import argparse
+import os
+import sys
+from typing import TYPE_CHECKING, Final
+
+from .._store.keys import validate_queue_name
+from ..errors import ConfigurationError, MissingExtraError
+
+if TYPE_CHECKING:
+    from starlette.applications import Starlette
+
+_QUEUE_ENV: Final = "AIOGROUPQ_QUEUE"
+
+
+def add_command(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser], redis_url: str
+) -> None:
+    """Add ``dashboard`` to the ``aiogroupq`` parser.
+
+    :param commands: the parser's subcommands
+    :param redis_url: the default ``--redis-url``
+    """
+    parser = commands.add_parser(
+        "dashboard",
+        help="serve the web dashboard (needs aiogroupq[dashboard])",
+        description="Serve the web dashboard of one or more queues: counts, "
+        "throughput and failure rate, groups and why they wait, tasks, dead "
+        "letters, consumers, refreshed live. Without --token-env it is "
+        "read-only: with it, the page asks for the token and a signed-in "
+        "operator may pause and resume, release, requeue, purge and cancel.",
+    )
+    parser.add_argument(
+        "--queue",
+        action="append",
+        metavar="QUEUE",
+        help=f"a queue to show; repeat for more (default: ${_QUEUE_ENV})",
+    )
+    parser.add_argument(
+        "--redis-url",
+        default=os.environ.get("REDIS_URL", redis_url),
+        help="Redis URL (default: $REDIS_URL, else %(default)s)",
+    )
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--port",
+        type=_port,
+        default=8000,
+        help="port to listen on (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--token-env",
+        metavar="VAR",
+        help="the environment variable holding the operators' token (at least "
+        "16 characters); without it the dashboard is read-only",
+    )
+    parser.add_argument(
+        "--read-only",
+        action="store_true",
+        help="refuse every action, even with a token",
+    )
+    parser.add_argument(
+        "--show-payloads",
+        action="store_true",
+        help="show task payloads and results (hidden by default)",
+    )
+    parser.add_argument(
+        "--history",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="seconds of throughput history charted (default: %(default)g)",
+    )
+    parser.add_argument(
+        "--root-path",
+        default="",
+        help="the path prefix a reverse proxy serves it under (e.g. /dashboard)",
+    )
+
+
+def _port(text: str) -> int:
+    if not 0 < (value := int(text)) < 65536:
+        raise argparse.ArgumentTypeError(f"must be a TCP port, got {value}")
+    return value
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until SIGINT or SIGTERM; return the exit status (2 for a bad
+    command line or a missing extra)."""
+    try:
+        app = _build(args)
+        import uvicorn
+    except (ConfigurationError, MissingExtraError) as exc:
+        print(f"aiogroupq dashboard: error: {exc}", file=sys.stderr)
+        return 2
+    except ImportError as exc:  # uvicorn alone missing
+        error = MissingExtraError(
+            "aiogroupq dashboard", "dashboard", exc.name or "uvicorn"
+        )
+        print(f"aiogroupq dashboard: error: {error}", file=sys.stderr)
+        return 2
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        root_path=args.root_path,
+        log_level="info",
+        # The pages are ours: no "Server: uvicorn" banner is needed.
+        server_header=False,
+    )
+    server = uvicorn.Server(config)
+    print(
+        f"aiogroupq dashboard of {', '.join(map(repr, args.queue))} on "
+        f"http://{args.host}:{args.port}{args.root_path}/ "
+        f"({'token login' if args.token_env else 'read-only: no --token-env'})",
+        file=sys.stderr,
+        flush=True,
+    )
+    server.run()
+    # uvicorn returns when it could not bind, as well as after a signal.
+    return 0 if server.started else 1
+
+
+def _build(args: argparse.Namespace) -> Starlette:
+    queues = args.queue or (
+        [os.environ[_QUEUE_ENV]] if os.environ.get(_QUEUE_ENV) else []
+    )
+    if not queues:
+        raise ConfigurationError(f"--queue is required (or set ${_QUEUE_ENV})")
+    for queue in queues:
+        validate_queue_name(queue)
+    args.queue = queues
+    token = None
+    if args.token_env:
+        token = os.environ.get(args.token_env)
+        if not token:
+            raise ConfigurationError(
+                f"--token-env {args.token_env}: the environment variable is not "
+                "set or is empty"
+            )
+    from ..dashboard import create_app
+
+    return create_app(
+        args.redis_url,
+        queues=queues,
+        token=token,
+        read_only=args.read_only,
+        show_payloads=args.show_payloads,
+        history=args.history,
+    )

@@ -1,0 +1,524 @@
+"""``aiogroupq demo``: a mixed workload, consumed by worker processes, verified.
+
+The parent enqueues the plan (a few hot groups holding a large share, many
+small groups, ungrouped tasks) and runs ``aiogroupq worker
+aiogroupq._cli.demo:worker --processes N``. Every handler journals its start and
+end in one Lua call that takes a number from a global logical clock (``INCR``)
+and the server's ``TIME``. The parent reads the journal after the workers have
+stopped and checks, without trusting the library's own bookkeeping: each task
+started once and ended once, a group's tasks started in enqueue order, and no
+task of a group started while another one of it was running. It also checks
+that every task's state is ``succeeded`` (read in pipelines, with progress).
+
+Progress is redrawn in place on a terminal and printed as plain lines once a
+second otherwise. SIGINT (Ctrl-C), SIGTERM and SIGHUP (a closed terminal)
+stop the run within about a second: the workers are stopped (killed if
+they linger), the throwaway server is stopped and the temporary files are
+removed; the exit status is 128 + the signal number.
+"""
+
+from __future__ import annotations
+
+__all__ = ("Job", "Verdict", "make_plan", "run_demo", "verify", "worker")
+
+import os
+import random
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+from collections import Counter, defaultdict, deque
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import ExitStack, asynccontextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Final
+
+import anyio
+import msgspec
+import redis.asyncio
+from anyio.abc import Process
+from redis.exceptions import RedisError
+
+import aiogroupq
+
+from .._store.keys import QueueKeys
+from ..testing._server import ServerProcess, ServerStartError
+from .demo_console import Console, Interrupted, StopSignals
+
+#: tasks per ``enqueue_many`` round trip
+BATCH: Final = 1_000
+#: give up when no task completes for this long (a lost task would hang us)
+STALL_TIMEOUT: Final = 60.0
+
+# One atomic step: a clock tick, the server time, and the record. Its keys
+# share a hash tag outside the queue's own ``{aiogroupq:<queue>}`` prefix.
+_JOURNAL_LUA: Final = """
+local clock = redis.call('INCR', KEYS[1])
+local now = redis.call('TIME')
+redis.call('RPUSH', KEYS[2], clock .. ' ' .. now[1] .. ' ' .. now[2] .. ' ' .. ARGV[1])
+if ARGV[2] == 'e' then redis.call('INCR', KEYS[3]) end
+return clock
+"""
+
+
+class Job(msgspec.Struct, array_like=True, frozen=True):
+    """A demo task's payload.
+
+    :ivar i: the task's index in the enqueue plan
+    :ivar group: its group, or ``None``
+    :ivar seq: its position among its group's tasks, from 0 (0 if ungrouped)
+    :ivar work_us: simulated work in microseconds (0: just yield once)
+    :ivar type: its task type
+    """
+
+    i: int
+    group: str | None
+    seq: int
+    work_us: int
+    type: str
+
+
+def journal_keys(queue: str) -> tuple[str, str, str]:
+    """The clock, journal and done-counter keys of a demo queue."""
+    tag = f"{{aiogroupq-demo:{queue}}}"
+    return f"{tag}:clock", f"{tag}:journal", f"{tag}:done"
+
+
+@asynccontextmanager
+async def worker(
+    *, redis_url: str, queue: str | None, concurrency: int
+) -> AsyncIterator[aiogroupq.Consumer]:
+    """The demo's Consumer factory for ``aiogroupq worker``.
+
+    :param redis_url: the server
+    :param queue: the demo queue (required)
+    :param concurrency: handlers at once
+    """
+    if queue is None:
+        raise aiogroupq.ConfigurationError("the demo worker needs --queue")
+    keys = journal_keys(queue)
+    client = redis.asyncio.Redis.from_url(redis_url)
+    journal = client.register_script(_JOURNAL_LUA)
+
+    async def record(event: str, job: Job) -> None:
+        attempt = aiogroupq.current_task().attempt
+        entry = f"{event} {job.i} {job.seq} {attempt} {job.group or '-'}"
+        await journal(keys=keys, args=[entry, event])
+
+    async def handle(job: Job) -> None:
+        await record("s", job)
+        # Mostly instant, a few take up to 2 ms: like real I/O-bound jobs.
+        await anyio.sleep(job.work_us / 1_000_000)
+        await record("e", job)
+
+    handlers = {"import_rows": handle, "send_mail": handle, "resize_image": handle}
+    try:
+        yield aiogroupq.Consumer(
+            redis_url,
+            queue=queue,
+            handlers=handlers,
+            concurrency=concurrency,
+            grace_period=10.0,
+        )
+    finally:
+        await client.aclose()
+
+
+# -- the workload ---------------------------------------------------------------
+
+
+def make_plan(tasks: int, groups: int, rng: random.Random) -> tuple[list[Job], str]:
+    """Draw the workload: 3 hot groups of 5 % each, 20 % ungrouped, the rest
+    spread over the other groups, all shuffled together; return it in enqueue
+    order, and its description.
+
+    :param tasks: how many tasks
+    :param groups: how many groups
+    :param rng: the random source
+    """
+    ungrouped = tasks // 5
+    grouped = tasks - ungrouped
+    hot_groups = min(3, groups)
+    hot_each = min(tasks // 20, grouped // hot_groups)
+    hot = [f"tenant-{k:04d}:bulk-import" for k in range(hot_groups)]
+    cold = [f"tenant-{k:04d}:orders" for k in range(hot_groups, groups)]
+    cold_tasks = grouped - hot_groups * hot_each
+    labels: list[str | None] = [g for g in hot for _ in range(hot_each)]
+    spread = cold or hot  # with 3 groups or fewer, everything is hot
+    labels += spread[: min(cold_tasks, len(spread))]  # each group at least once
+    labels += rng.choices(spread, k=cold_tasks - min(cold_tasks, len(spread)))
+    labels += [None] * ungrouped
+    rng.shuffle(labels)
+    seqs: Counter[str] = Counter()
+    jobs = []
+    for i, group in enumerate(labels):
+        seq = 0
+        if group is not None:
+            seq = seqs[group]
+            seqs[group] += 1
+        work = rng.randint(0, 2_000) if rng.random() < 0.05 else 0
+        kind = "import_rows" if group else rng.choice(("send_mail", "resize_image"))
+        jobs.append(Job(i, group, seq, work, kind))
+    hot_part = f"{hot_groups} hot groups x {hot_each:,}, " if hot_each else ""
+    return jobs, (
+        f"{tasks:,} tasks: {hot_part}{cold_tasks:,} over "
+        f"{min(cold_tasks, len(spread)):,} groups, {ungrouped:,} ungrouped"
+    )
+
+
+# -- verification --------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What the journal shows.
+
+    :ivar ran: tasks that started at least once
+    :ivar ran_twice: tasks that started more than once
+    :ivar never_ran: tasks that never started
+    :ivar unfinished: tasks whose starts and ends do not pair up
+    :ivar order_violations: starts of a group's task after a later task of the
+        group had started (or journal records that do not match the plan)
+    :ivar overlaps: starts of a group's task while another one of it ran
+    :ivar span_s: first start to last end, on the server's clock
+    """
+
+    ran: int
+    ran_twice: int
+    never_ran: int
+    unfinished: int
+    order_violations: int
+    overlaps: int
+    span_s: float
+
+    @property
+    def ok(self) -> bool:
+        """Every task ran exactly once, in order, one at a time per group."""
+        counts = (self.ran_twice, self.never_ran, self.unfinished)
+        return not any((*counts, self.order_violations, self.overlaps))
+
+
+def verify(jobs: Sequence[Job], journal: Sequence[bytes | str]) -> Verdict:
+    """Check the journal against the plan.
+
+    :param jobs: the plan, in enqueue order
+    :param journal: records ``clock sec usec event i seq attempt group``
+    """
+    starts: Counter[int] = Counter()
+    ends: Counter[int] = Counter()
+    order = overlaps = 0
+    highest: dict[str, int] = {}
+    running: defaultdict[str, set[int]] = defaultdict(set)
+    first_us = last_us = 0
+    records = [
+        (raw.decode() if isinstance(raw, bytes) else raw).split(" ", 7)
+        for raw in journal
+    ]
+    for _clock, sec, usec, event, i_, seq_, _attempt, group_ in sorted(
+        records, key=lambda r: int(r[0])
+    ):
+        i, seq, at_us = int(i_), int(seq_), int(sec) * 1_000_000 + int(usec)
+        group = None if group_ == "-" else group_
+        if not 0 <= i < len(jobs) or (jobs[i].group, jobs[i].seq) != (group, seq):
+            order += 1  # a record the plan does not know: a corrupt payload
+            continue
+        if event == "e":
+            ends[i] += 1
+            last_us = max(last_us, at_us)
+            if group is not None:
+                running[group].discard(i)
+            continue
+        starts[i] += 1
+        first_us = at_us if not first_us else min(first_us, at_us)
+        if group is None:
+            continue
+        if running[group]:
+            overlaps += 1
+        running[group].add(i)
+        if seq < highest.get(group, -1):
+            order += 1
+        highest[group] = max(seq, highest.get(group, -1))
+    return Verdict(
+        ran=len(starts),
+        ran_twice=sum(1 for n in starts.values() if n > 1),
+        never_ran=len(jobs) - len(starts),
+        unfinished=sum(1 for i in range(len(jobs)) if starts[i] != ends[i]),
+        order_violations=order,
+        overlaps=overlaps,
+        span_s=max(0, last_us - first_us) / 1_000_000,
+    )
+
+
+# -- the run ---------------------------------------------------------------------
+
+
+#: how long workers get to stop after an interrupt before they are killed
+_INTERRUPT_PATIENCE: Final = 0.5
+#: task states read per pipeline by the verification
+_STATE_CHUNK: Final = 2_000
+
+
+def run_demo(
+    *,
+    redis_url: str | None,
+    tasks: int,
+    groups: int,
+    processes: int,
+    concurrency: int,
+    seed: int | None = None,
+) -> int:
+    """Run the demo; return 0 if verification passed, 1 if not, 2 on setup
+    errors, 128 + the signal number when stopped by SIGINT, SIGTERM or SIGHUP.
+
+    On a stop signal the workers get half a second to stop, then are told to
+    cancel their handlers, then killed; the throwaway server is stopped and
+    the temporary files are removed.
+
+    :param redis_url: the server to use; ``None`` starts a throwaway one
+    :param tasks: how many tasks to enqueue
+    :param groups: over how many groups
+    :param processes: worker processes
+    :param concurrency: handlers at once per process
+    :param seed: the workload's random seed (default: random)
+    """
+    seed = random.randrange(2**32) if seed is None else seed
+    jobs, description = make_plan(tasks, groups, random.Random(seed))
+    console = Console()
+    queue = f"demo-{secrets.token_hex(4)}"
+    console.say(f"workload: {description} (seed {seed})")
+    console.say(
+        f"workers:  {processes} processes x {concurrency} concurrency, queue {queue}"
+    )
+    with StopSignals(console) as stop:
+        try:
+            with ExitStack() as stack:
+                throwaway = redis_url is None
+                if redis_url is None:
+                    try:
+                        with stop.raising():
+                            server = stack.enter_context(ServerProcess())
+                    except ServerStartError as exc:
+                        console.say(f"aiogroupq demo: error: {exc}", err=True)
+                        return 2
+                    redis_url = server.url
+                    console.say(f"server:   {server.binary} (throwaway) at {redis_url}")
+                tmp = stack.enter_context(
+                    tempfile.TemporaryDirectory(prefix="aiogroupq-demo-")
+                )
+                log_path = Path(tmp) / "workers.log"
+                with open(log_path, "wb") as log:
+                    run = _Run(redis_url, queue, jobs, log, console, stop, throwaway)
+                    code = anyio.run(run.main, processes, concurrency)
+                if code == 1:
+                    console.say("worker log (last lines):", err=True)
+                    lines = log_path.read_text(errors="replace").splitlines()[-20:]
+                    console.say("\n".join(lines), err=True)
+                if stop.signum is None:
+                    return code
+        except Interrupted:
+            stop.announce()
+        assert stop.signum is not None
+        console.say(f"aiogroupq demo: stopped by {stop.signum.name}", err=True)
+        return 128 + stop.signum
+
+
+@dataclass
+class _Run:
+    """One demo run inside the event loop."""
+
+    url: str
+    queue: str
+    jobs: list[Job]
+    log: IO[bytes]
+    console: Console
+    stop: StopSignals
+    throwaway: bool
+
+    async def main(self, processes: int, concurrency: int) -> int:
+        with anyio.CancelScope() as scope, self.stop.cancels(scope):
+            return await self._drive(processes, concurrency)
+        return 128 + (self.stop.signum or signal.SIGINT)
+
+    async def _drive(self, processes: int, concurrency: int) -> int:
+        url, queue, jobs, say = self.url, self.queue, self.jobs, self.console.say
+        keys = journal_keys(queue)
+        try:
+            client = redis.asyncio.Redis.from_url(url)
+        except ValueError as exc:
+            say(f"aiogroupq demo: error: {exc}", err=True)
+            return 2
+        async with client:
+            try:
+                await client.ping()
+            except (RedisError, OSError) as exc:
+                say(f"aiogroupq demo: error: cannot reach the server: {exc}", err=True)
+                return 2
+            argv = [sys.executable, "-m", "aiogroupq", "worker", f"{__name__}:worker"]
+            argv += ["--queue", queue, "--redis-url", url]
+            argv += ["--processes", str(processes), "--concurrency", str(concurrency)]
+            argv += ["--parent-pid", str(os.getpid())]
+            # A session of its own: a Ctrl-C reaches only us; we stop the workers.
+            process = await anyio.open_process(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=self.log,
+                stderr=self.log,
+                start_new_session=True,
+            )
+            try:
+                started = anyio.current_time()
+                async with aiogroupq.Producer(client, queue=queue) as producer:
+                    ids: list[str] = []
+                    for at in range(0, len(jobs), BATCH):
+                        ids += await producer.enqueue_many(
+                            aiogroupq.Task(job.type, job, group=job.group)
+                            for job in jobs[at : at + BATCH]
+                        )
+                took = anyio.current_time() - started
+                say(
+                    f"enqueued: {len(ids):,} tasks in {took:.2f} s "
+                    f"({len(ids) / took:,.0f} tasks/s, batches of {BATCH:,})"
+                )
+                finished = await self._follow(client, keys[2], len(ids), process)
+                elapsed = anyio.current_time() - started
+                self.console.progress("stopping the workers", final=True)
+                await _stop(process, patience=60.0)
+                journal = await client.lrange(keys[1], 0, -1)
+                self.console.progress(
+                    f"verifying: {len(journal):,} journal records read", final=True
+                )
+                states = await self._states(client, ids)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    interrupted = self.stop.signum is not None
+                    await _stop(
+                        process, patience=_INTERRUPT_PATIENCE if interrupted else 60.0
+                    )
+                    if not self.throwaway:  # a throwaway server goes as a whole
+                        with anyio.move_on_after(10):
+                            await self._clean_up(client)
+        verdict = verify(jobs, journal)
+        _report(verdict, len(jobs), states, elapsed, say)
+        problems = [
+            text
+            for ok, text in (
+                (finished, "the workers exited or stalled before the end"),
+                (process.returncode == 0, f"workers' exit status {process.returncode}"),
+                (verdict.ok, "the journal shows violations"),
+                (states == {"succeeded": len(ids)}, "not every task succeeded"),
+            )
+            if not ok
+        ]
+        say("result:   " + ("FAILED: " + "; ".join(problems) if problems else "OK"))
+        return 1 if problems else 0
+
+    async def _follow(
+        self, client: redis.asyncio.Redis, done_key: str, total: int, process: Process
+    ) -> bool:
+        """Show progress until every task ended; False on a stall."""
+        window: deque[tuple[float, int]] = deque()
+        last_change, last_done = anyio.current_time(), -1
+        while True:
+            done = int(await client.get(done_key) or 0)
+            now = anyio.current_time()
+            window.append((now, done))
+            while now - window[0][0] > 1.0:
+                window.popleft()
+            span = now - window[0][0]
+            rate = (done - window[0][1]) / span if span > 0 else 0.0
+            end = done >= total
+            stalled = (
+                process.returncode is not None or now - last_change > STALL_TIMEOUT
+            )
+            self.console.progress(
+                f"  running: {done:,}/{total:,} done, {rate:,.0f} tasks/s",
+                final=end or stalled,
+            )
+            if end:
+                return True
+            if done != last_done:
+                last_change, last_done = now, done
+            if stalled:
+                return False
+            await anyio.sleep(0.1)
+
+    async def _states(
+        self, client: redis.asyncio.Redis, ids: Sequence[str]
+    ) -> Counter[str]:
+        """Every task's state, read in pipelines of :data:`_STATE_CHUNK`.
+
+        (Reads the task hashes' state field as ``Producer.status`` does; a
+        batched status call of the library would replace this.)
+        """
+        keys = QueueKeys(self.queue)
+        states: Counter[str] = Counter()
+        for at in range(0, len(ids), _STATE_CHUNK):
+            part = ids[at : at + _STATE_CHUNK]
+            async with client.pipeline(transaction=False) as pipe:
+                for task_id in part:
+                    pipe.hget(keys.task(task_id), "s")
+                for state in await pipe.execute():
+                    states["unknown" if state is None else state.decode()] += 1
+            self.console.progress(
+                f"verifying: {at + len(part):,}/{len(ids):,} task states read",
+                final=at + len(part) == len(ids),
+            )
+        return states
+
+    async def _clean_up(self, client: redis.asyncio.Redis) -> None:
+        """Delete the demo's keys from a server that is not ours to drop."""
+        await client.delete(*journal_keys(self.queue))
+        deleted = 0
+        batch: list[bytes] = []
+        async for key in client.scan_iter(
+            match=QueueKeys(self.queue).pattern(), count=1000
+        ):
+            batch.append(key)
+            if len(batch) == 1000:
+                deleted += await client.unlink(*batch)
+                batch.clear()
+                self.console.progress(f"cleaning up: {deleted:,} keys deleted")
+        if batch:
+            deleted += await client.unlink(*batch)
+        self.console.progress(f"cleaning up: {deleted:,} keys deleted", final=True)
+
+
+async def _stop(process: Process, *, patience: float) -> None:
+    """Stop the workers: SIGTERM (the supervisor forwards it and each worker
+    finishes its running handlers), again after *patience* (they cancel
+    them), then SIGKILL."""
+    for signum in (signal.SIGTERM, signal.SIGTERM, signal.SIGKILL):
+        if process.returncode is not None:
+            return
+        with suppress(ProcessLookupError):
+            process.send_signal(signum)
+        with anyio.move_on_after(patience):
+            await process.wait()
+            return
+        patience = 1.0
+    await process.wait()
+
+
+def _report(
+    verdict: Verdict,
+    total: int,
+    states: Counter[str],
+    elapsed: float,
+    say: Callable[[str], None],
+) -> None:
+    rate = verdict.ran / verdict.span_s if verdict.span_s else 0.0
+    span = f"{verdict.span_s:.2f} s"
+    for label, value in (
+        ("tasks run", f"{verdict.ran:,} of {total:,}"),
+        ("tasks run more than once", f"{verdict.ran_twice:,}"),
+        ("tasks never run", f"{verdict.never_ran:,}"),
+        ("unfinished runs", f"{verdict.unfinished:,}"),
+        ("order violations", f"{verdict.order_violations:,}"),
+        ("overlapping runs", f"{verdict.overlaps:,}"),
+        ("final states", ", ".join(f"{k} {n:,}" for k, n in sorted(states.items()))),
+        ("throughput", f"{rate:,.0f} tasks/s (first start to last end: {span})"),
+        ("elapsed", f"{elapsed:.2f} s (first enqueue to last end)"),
+    ):  # fmt: skip
+        say(f"{label + ':':<26}{value}")

@@ -1,0 +1,579 @@
+"""The operator commands of the ``aiogroupq`` command line: see what a queue
+is doing (stats, groups, group, task, consumers, dead list/show) and act on
+it (dead requeue/purge, release, pause, resume, cancel, repartition).
+
+Every read command prints a table or a page for people, or JSON with
+``--json``; ``stats --watch`` refreshes. Exit status: 0 done, 1 nothing to
+act on or not found (an unknown task, a group that is not halted, a queue
+that does not exist), 2 a bad command line or an unreachable Redis.
+"""
+
+from __future__ import annotations
+
+__all__ = ("COMMANDS", "add_commands", "run")
+
+import argparse
+import os
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, Final
+
+import anyio
+
+from .._inspect import views as _views
+from .._store import layout as _layout, scripts as _scripts, validate as _validate
+from .._store.connection import Client, open_client, unavailable_as_error
+from .._store.defaults import DEFAULT_RETENTION
+from .._store.fanout import by_partition, requeue_dead
+from .._store.keys import QueueKeys
+from .._store.partition import Partitions
+from ..admin import MAX_PAGE, Admin
+from ..errors import (
+    AiogroupqError,
+    ConfigurationError,
+    InvalidTaskError,
+    RedisUnavailableError,
+    TaskNotFoundError,
+)
+from ..producer import Producer
+from . import render as show
+
+COMMANDS: Final = frozenset(
+    {
+        "stats", "groups", "group", "task", "dead", "release", "pause", "resume",
+        "cancel", "consumers", "repartition",
+    }
+)  # fmt: skip
+
+_QUEUE_ENV: Final = "AIOGROUPQ_QUEUE"
+
+
+class _Failed(Exception):
+    """A command that ran but found nothing to act on: exit status 1."""
+
+
+class _Usage(Exception):
+    """A bad argument found while running: exit status 2."""
+
+
+def add_commands(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser], redis_url: str
+) -> None:
+    """Add the operator commands to the ``aiogroupq`` parser.
+
+    :param commands: the parser's subcommands
+    :param redis_url: the default ``--redis-url``
+    """
+
+    # Every command that runs takes these, after its own arguments or before.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--queue",
+        default=os.environ.get(_QUEUE_ENV),
+        help=f"queue name (default: ${_QUEUE_ENV})",
+    )
+    common.add_argument(
+        "--redis-url",
+        default=os.environ.get("REDIS_URL", redis_url),
+        help="Redis URL (default: $REDIS_URL, else %(default)s)",
+    )
+
+    def command(
+        name: str, text: str, description: str, *, leaf: bool = True
+    ) -> argparse.ArgumentParser:
+        return commands.add_parser(
+            name, help=text, description=description, parents=[common] if leaf else []
+        )
+
+    def as_json(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--json", action="store_true", help="print JSON")
+
+    stats = command(
+        "stats",
+        "a queue's counts: tasks, groups, consumers, totals",
+        "Print a queue's counts: tasks ready, parked behind busy groups, held "
+        "back, delayed, running and dead; groups with tasks, waiting, halted, "
+        "paused and rate-limited; live consumers and their heartbeats; the age "
+        "of the oldest waiting work; and the totals since the queue began. One "
+        "script call per partition that scans nothing, cheap on any queue.",
+    )
+    as_json(stats)
+    stats.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")
+    stats.add_argument(
+        "--interval", type=_seconds, default=1.0, help="seconds between refreshes"
+    )
+    stats.add_argument(
+        "--count", type=_positive, help="with --watch: stop after this many pages"
+    )
+
+    groups = command(
+        "groups",
+        "list groups: the busiest, the oldest, halted or paused ones",
+        "List one page of groups with their state and the reason for it. "
+        "Pages never walk every group: pass the printed cursor for the next.",
+    )
+    as_json(groups)
+    groups.add_argument(
+        "--sort",
+        choices=("busiest", "oldest", "halted", "paused"),
+        default="busiest",
+        help="busiest: longest lines first; oldest: lines waiting longest "
+        "first; halted, paused: those groups (default: %(default)s)",
+    )
+    groups.add_argument(
+        "--limit", type=_positive, default=20, help="groups per page (default: 20)"
+    )
+    groups.add_argument("--cursor", type=int, default=0, help="the page to show")
+
+    group = command(
+        "group",
+        "one group: its state and why it is, or is not, running",
+        "Show one group: its state (idle, ready, running, at its cap, waiting "
+        "for a retry, rate-limited, paused, halted, delayed), the reason in "
+        "one sentence, its running tasks with their consumers and leases, its "
+        "next task, its line and its settings.",
+    )
+    group.add_argument("name", metavar="GROUP", help="the group key")
+    as_json(group)
+
+    task = command(
+        "task",
+        "one task: state, attempts, consumer, place in its group",
+        "Show one task: its state, attempts, consumer and lease, due time, "
+        "last error, place in its group's order and payload.",
+    )
+    task.add_argument("task_id", metavar="ID", help="the task id")
+    as_json(task)
+
+    consumers = command(
+        "consumers",
+        "the consumers: hosts, pids, tasks in flight, heartbeats",
+        "List the registered consumers, live ones first, then those that went "
+        "silent without leaving in the last few leases.",
+    )
+    as_json(consumers)
+
+    dead = command(
+        "dead",
+        "dead letters: list, show, requeue, purge",
+        "Inspect and act on dead-lettered tasks.",
+        leaf=False,
+    )
+    actions = dead.add_subparsers(dest="action", required=True, metavar="ACTION")
+    dead_list = actions.add_parser(
+        "list",
+        help="the oldest dead letters",
+        description="List dead letters, oldest first.",
+        parents=[common],
+    )
+    dead_list.add_argument("--limit", type=_positive, default=50, help="how many")
+    as_json(dead_list)
+    dead_show = actions.add_parser(
+        "show",
+        help="one dead letter with its reason and traceback",
+        description="Show one dead letter: reason, traceback, payload.",
+        parents=[common],
+    )
+    dead_show.add_argument("task_id", metavar="ID")
+    as_json(dead_show)
+    for action, text in (
+        ("requeue", "run dead letters again, each first in its group's line"),
+        ("purge", "delete dead letters (a group halted by one goes on)"),
+    ):
+        parser = actions.add_parser(
+            action,
+            help=text,
+            description=text[0].upper() + text[1:] + ".",
+            parents=[common],
+        )
+        parser.add_argument("ids", nargs="*", metavar="ID", help="task ids")
+        parser.add_argument(
+            "--all", action="store_true", help="every dead letter there is now"
+        )
+
+    release = command(
+        "release",
+        "let a halted group go on with its next task",
+        "Let a group halted behind a dead task go on with its next task; the "
+        "dead task stays dead.",
+    )
+    release.add_argument("name", metavar="GROUP")
+    for name, text in (
+        ("pause", "stop starting tasks of a group, or of the whole queue"),
+        ("resume", "start tasks of a paused group, or queue, again"),
+    ):
+        parser = command(
+            name, text, text[0].upper() + text[1:] + "; running tasks are not touched."
+        )
+        parser.add_argument(
+            "name", metavar="GROUP", nargs="?", help="default: the queue"
+        )
+    cancel = command(
+        "cancel",
+        "cancel a task (a running one at its consumer's next heartbeat)",
+        "Cancel a task wherever it waits; a running task is cancelled by its "
+        "consumer at its next heartbeat.",
+    )
+    cancel.add_argument("task_id", metavar="ID")
+    repartition = command(
+        "repartition",
+        "change a live queue's partition count, keeping every group's order",
+        "Begin moving the queue to --to partitions (each group's tasks in its "
+        "old partition finish before its new partition starts any), then "
+        "finish the move once nothing holds it open; without --wait, only "
+        "report what still does (exit status 1). --finish alone finishes a "
+        "move begun earlier. See docs/scaling.md.",
+    )
+    repartition.add_argument(
+        "--to", type=_positive, metavar="K", help="the new partition count"
+    )
+    repartition.add_argument(
+        "--finish", action="store_true", help="finish a move begun earlier"
+    )
+    repartition.add_argument(
+        "--wait",
+        type=_seconds,
+        metavar="SECONDS",
+        help="keep trying to finish for up to this long",
+    )
+
+
+def _positive(text: str) -> int:
+    if (value := int(text)) < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    if not 0.05 <= (value := float(text)) < 86_400:
+        raise argparse.ArgumentTypeError(f"must be seconds >= 0.05, got {text}")
+    return value
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run one operator command; return the exit status."""
+    name = args.command + (f" {args.action}" if args.command == "dead" else "")
+    try:
+        if not args.queue:
+            raise _Usage(f"--queue is required (or set ${_QUEUE_ENV})")
+        return anyio.run(_run, args)
+    except _Failed as exc:
+        print(f"aiogroupq {name}: {exc}", file=sys.stderr)
+        return 1
+    except (_Usage, ConfigurationError, InvalidTaskError, RedisUnavailableError) as exc:
+        print(f"aiogroupq {name}: error: {exc}", file=sys.stderr)
+        return 2
+    except AiogroupqError as exc:  # e.g. a damaged key: CorruptQueueError
+        print(f"aiogroupq {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:  # stops --watch
+        return 0
+
+
+@asynccontextmanager
+async def _open(
+    args: argparse.Namespace,
+) -> AsyncIterator[tuple[Client, Admin, Producer]]:
+    async with (
+        open_client(args.redis_url, retry=True) as client,
+        Admin(client, queue=args.queue) as admin,
+        Producer(client, queue=args.queue) as producer,
+    ):
+        yield client, admin, producer
+
+
+@unavailable_as_error
+async def _run(args: argparse.Namespace) -> int:
+    QueueKeys(args.queue)  # a bad name is refused before connecting
+    async with _open(args) as (client, admin, producer):
+        handler = _HANDLERS[args.command]
+        await handler(args, client, admin, producer)
+    return 0
+
+
+async def _require_queue(admin: Admin, args: argparse.Namespace) -> None:
+    """Say so when an empty answer comes from a queue that does not exist."""
+    if not (await admin.stats()).exists:
+        raise _missing(args)
+
+
+def _missing(args: argparse.Namespace) -> _Failed:
+    return _Failed(
+        f"queue {args.queue!r} does not exist on this server: nothing was "
+        "ever enqueued to it, configured or consumed (check --queue and "
+        "--redis-url)"
+    )
+
+
+# -- reading -------------------------------------------------------------------
+
+
+async def _stats(
+    args: argparse.Namespace, client: Client, admin: Admin, producer: Producer
+) -> None:
+    shown = 0
+    previous: _views.QueueStats | None = None
+    while True:
+        stats = await admin.stats()
+        if args.json:
+            print(show.to_json(stats, pretty=not args.watch), flush=True)
+        if not stats.exists:
+            raise _missing(args)
+        if not args.json:
+            rates = None
+            if previous is not None and stats.now > previous.now:
+                elapsed = stats.now - previous.now
+                rates = {
+                    k: (n - previous.totals.get(k, 0)) / elapsed
+                    for k, n in stats.totals.items()
+                }
+            if args.watch and sys.stdout.isatty():
+                print("\x1b[H\x1b[2J", end="")  # clear the terminal
+            elif shown:
+                print()
+            print(show.render_stats(stats, rates), flush=True)
+        shown += 1
+        previous = stats
+        if not args.watch or (args.count is not None and shown >= args.count):
+            return
+        await anyio.sleep(args.interval)
+
+
+async def _groups(
+    args: argparse.Namespace, client: Client, admin: Admin, producer: Producer
+) -> None:
+    if args.limit > MAX_PAGE:
+        raise _Usage(f"--limit must be at most {MAX_PAGE}, got {args.limit}")
+    if args.cursor < 0:
+        raise _Usage(f"--cursor must be >= 0, got {args.cursor}")
+    page = await admin.groups(sort=args.sort, limit=args.limit, cursor=args.cursor)
+    if not page.groups and args.cursor == 0:
+        await _require_queue(admin, args)
+    if args.json:
+        print(show.to_json(page))
+        return
+    if not page.groups:
+        print(
+            f"no {args.sort} groups"
+            if args.sort in ("halted", "paused")
+            else "no group has a line"
+        )
+    else:
+        print(show.table(show.GROUP_HEADERS, map(show.group_row, page.groups)))
+    if page.next_cursor is not None:
+        print(f"next page: --cursor {page.next_cursor}")
+
+
+async def _group(
+    args: argparse.Namespace, client: Client, admin: Admin, producer: Producer
+) -> None:
+    info = await admin.group_info(args.name)
+    if info.state == _views.GroupState.IDLE:
+        await _require_queue(admin, args)
+    print(show.to_json(info) if args.json else show.render_group(info))
+
+
+async def _task(
+    args: argparse.Namespace, client: Client, admin: Admin, producer: Producer
+) -> None:
+    try:
+        details = await admin.task(args.task_id)
+    except TaskNotFoundError:
+        raise _Failed(_no_task(args)) from None
+    print(show.to_json(details) if args.json else show.render_task(details))
+
+
+def _no_task(args: argparse.Namespace) -> str:
+    return f"no task {args.task_id!r} in queue {args.queue!r} (or it expired)"
+
+
+async def _consumers(
+    args: argparse.Namespace, client: Client, admin: Admin, producer: Producer
+) -> None:
+    found = await admin.consumers()
+    if not found:
+        await _require_queue(admin, args)
+    if args.json:
+        print(show.to_json(found))
+    elif not found:
+        print("no consumer is registered")
+    else:
+        now = (await admin.stats()).now
+        print(show.table(show.CONSUMER_HEADERS, show.consumer_rows(now, found)))
+
+
+# -- dead letters ----------------------------------------------------------------
+
+
+async def _dead(
+    args: argparse.Namespace, client: Client, admin: Admin, producer: Producer
+) -> None:
+    if args.action == "list":
+        letters = await producer.dead_letters(limit=args.limit)
+        if not letters:
+            await _require_queue(admin, args)
+        if args.json:
+            print(show.to_json(letters))
+            return
+        stats = await admin.stats()
+        if not letters:
+            print("no dead letters")
+            return
+        print(show.table(show.DEAD_HEADERS, show.dead_rows(stats.now, letters)))
+        if stats.dead > len(letters):
+            print(f"({show.count(stats.dead - len(letters))} more: --limit)")
+    elif args.action == "show":
+        try:
+            details = await admin.task(args.task_id)
+        except TaskNotFoundError:
+            raise _Failed(_no_task(args)) from None
+        if details.state != "dead":
+            raise _Failed(f"task {args.task_id!r} is not dead: it is {details.state}")
+        print(show.to_json(details) if args.json else show.render_task(details))
+    else:
+        await _act_on_dead(args, client, admin)
+
+
+async def _act_on_dead(args: argparse.Namespace, client: Client, admin: Admin) -> None:
+    op = args.action
+    if bool(args.ids) == args.all:
+        raise _Usage(f"give task ids or --all (not both) to {op}")
+    parts = Partitions(args.queue)
+    await _layout.refresh(client, parts)
+
+    async def act(keys: QueueKeys, ids: list[str]) -> int:
+        if op == "requeue":
+            return await requeue_dead(client, parts, ids)
+        return await _scripts.dead_action(client, keys, op, ids)
+
+    done = 0
+    if args.ids:
+        progress = show.Progress(f"{op}d", len(args.ids))
+        for start in range(0, len(args.ids), _scripts.DEAD_BATCH):
+            chunk = args.ids[start : start + _scripts.DEAD_BATCH]
+            for keys, mine in by_partition(parts, chunk).items():
+                done += await act(keys, mine)
+            progress.update(
+                start + len(chunk), final=start + len(chunk) == len(args.ids)
+            )
+        if done == 0:
+            raise _Failed(f"none of the {len(args.ids)} tasks is a dead letter")
+        print(f"{op}d {show.count(done)} of {show.count(len(args.ids))} dead letters")
+        return
+    stats = await admin.stats()
+    if not stats.exists:
+        await _require_queue(admin, args)
+    # Only what is dead now: a task dead-lettered meanwhile is not chased.
+    until_ms = round(stats.now * 1000)
+    progress = show.Progress(f"{op}d", stats.dead)
+    looked = 0
+    for keys in parts.all():
+        skipped = 0
+        while ids := await _dead_before(client, keys, until_ms, skipped):
+            acted = await act(keys, ids)
+            done += acted
+            looked += len(ids)
+            # Left alone (damaged keys, or a group that moved away): still in
+            # the index, so page past them.
+            skipped += len(ids) - acted if op == "requeue" else 0
+            progress.update(looked)
+    progress.update(looked, final=True)
+    print(f"{op}d {show.count(done)} dead letters")
+
+
+async def _dead_before(
+    client: Client, keys: QueueKeys, until_ms: int, offset: int
+) -> list[str]:
+    """Dead task ids of the index, oldest first, up to *until_ms*."""
+    batch: list[Any] = await client.zrangebyscore(
+        keys.dead, "-inf", until_ms, start=offset, num=_scripts.DEAD_BATCH
+    )
+    return [bytes(i).decode(errors="surrogateescape") for i in batch]
+
+
+# -- acting ----------------------------------------------------------------------
+
+
+async def _release(
+    args: argparse.Namespace, client: Client, admin: Admin, producer: Producer
+) -> None:
+    if not await producer.release_group(args.name):
+        raise _Failed(f"group {args.name!r} is not halted")
+    print(f"released group {args.name!r}: it goes on with its next task")
+
+
+async def _pause(
+    args: argparse.Namespace, client: Client, admin: Admin, producer: Producer
+) -> None:
+    resume = args.command == "resume"
+    if args.name is None:
+        await (admin.resume() if resume else admin.pause())
+        what = f"queue {args.queue!r}"
+    else:
+        await (
+            admin.resume_group(args.name) if resume else admin.pause_group(args.name)
+        )
+        what = f"group {args.name!r}"
+    print(f"{'resumed' if resume else 'paused'} {what}")
+
+
+async def _cancel(
+    args: argparse.Namespace, client: Client, admin: Admin, producer: Producer
+) -> None:
+    task_id = _validate.task_id(args.task_id)
+    code = await _scripts.cancel(
+        client,
+        Partitions(args.queue).of_id(task_id),
+        task_id,
+        retention_ms=round(DEFAULT_RETENTION * 1000),
+    )
+    if code == _scripts.NOT_FOUND:
+        raise _Failed(_no_task(args))
+    if code == _scripts.FINISHED:
+        state = await producer.status(args.task_id)
+        raise _Failed(f"task {args.task_id!r} had already ended ({state})")
+    if code == _scripts.REQUESTED:
+        print(
+            f"task {args.task_id!r} is running: its consumer cancels it at its "
+            "next heartbeat"
+        )
+    else:
+        print(f"cancelled task {args.task_id!r}")
+
+
+async def _repartition(
+    args: argparse.Namespace, client: Client, admin: Admin, producer: Producer
+) -> None:
+    if (args.to is None) != bool(args.finish):
+        raise _Usage("give either --to K (start, then finish) or --finish")
+    if args.to is not None:
+        await admin.start_repartition(args.to)
+        print(f"queue {args.queue!r}: moving to {args.to} partitions")
+    deadline = anyio.current_time() + (args.wait or 0.0)
+    while reasons := await admin.finish_repartition():
+        if anyio.current_time() >= deadline:
+            for reason in reasons:
+                print(f"  waiting: {reason}")
+            raise _Failed(
+                "the move is under way; run 'aiogroupq repartition --finish' "
+                "again (or with --wait SECONDS) once these are done"
+            )
+        await anyio.sleep(0.5)
+    parts, _ = await admin.partitions()
+    print(f"queue {args.queue!r}: {parts} partitions, the move is finished")
+
+
+_HANDLERS: Final = {
+    "stats": _stats,
+    "groups": _groups,
+    "group": _group,
+    "task": _task,
+    "consumers": _consumers,
+    "dead": _dead,
+    "release": _release,
+    "pause": _pause,
+    "resume": _pause,
+    "cancel": _cancel,
+    "repartition": _repartition,
+}

@@ -1,0 +1,358 @@
+"""Plain-text rendering for the operator commands: tables, durations,
+progress, and JSON (no dependency beyond msgspec)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import IO, TYPE_CHECKING, Any, Final
+
+import msgspec
+
+from .._inspect.views import (
+    ConsumerInfo,
+    GroupInfo,
+    GroupTask,
+    QueueStats,
+    TaskDetails,
+    span_text,
+)
+
+if TYPE_CHECKING:
+    from ..task import DeadLetter
+
+#: characters of a reason or payload shown in a table cell
+CELL: Final = 60
+
+
+def count(n: int) -> str:
+    """1234567 -> '1,234,567'."""
+    return f"{n:,}"
+
+
+def span(seconds: float | None) -> str:
+    """A duration for people, '-' if unknown."""
+    return "-" if seconds is None else span_text(seconds)
+
+
+def ago(now: float, then: float | None) -> str:
+    return "-" if then is None else f"{span_text(now - then)} ago"
+
+
+def until(now: float, then: float | None) -> str:
+    if then is None:
+        return "-"
+    return f"in {span_text(then - now)}" if then > now else "now (overdue)"
+
+
+def clock(at: float | None) -> str:
+    """A server timestamp as UTC, to the millisecond."""
+    if at is None:
+        return "-"
+    stamp = datetime.fromtimestamp(at, UTC)
+    return stamp.strftime("%Y-%m-%d %H:%M:%S.") + f"{stamp.microsecond // 1000:03d}Z"
+
+
+def short(text: str | None, width: int = CELL) -> str:
+    """One line of at most *width* characters."""
+    if not text:
+        return "-"
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    """Columns padded to their widest cell; numbers aligned right."""
+    cells = [[str(c) for c in row] for row in rows]
+    numeric = [
+        all(_is_number(row[i]) for row in cells) and bool(cells)
+        for i in range(len(headers))
+    ]
+    widths = [
+        max([len(h), *(len(row[i]) for row in cells)]) for i, h in enumerate(headers)
+    ]
+
+    def line(row: Sequence[str]) -> str:
+        parts = [
+            c.rjust(w) if num else c.ljust(w)
+            for c, w, num in zip(row, widths, numeric, strict=True)
+        ]
+        return "  ".join(parts).rstrip()
+
+    return "\n".join([line(list(headers)), *(line(row) for row in cells)])
+
+
+def _is_number(text: str) -> bool:
+    return text.replace(",", "").isdigit()
+
+
+def fields(pairs: Iterable[tuple[str, object]], indent: str = "  ") -> str:
+    """'name:  value' lines, values aligned."""
+    items = [(name, str(value)) for name, value in pairs]
+    width = max((len(name) for name, _ in items), default=0) + 1
+    return "\n".join(f"{indent}{(name + ':').ljust(width)}  {v}" for name, v in items)
+
+
+def to_json(value: Any, *, pretty: bool = True) -> str:
+    """JSON of a view (dataclasses, enums, mappings); bytes become base64."""
+    data = msgspec.json.encode(value)
+    return (msgspec.json.format(data, indent=2) if pretty else data).decode()
+
+
+# -- views ---------------------------------------------------------------------
+
+
+def render_stats(stats: QueueStats, rates: Mapping[str, float] | None = None) -> str:
+    """The stats command's page; *rates* (per second) in watch mode."""
+    now = stats.now
+    state = "PAUSED: nothing starts" if stats.paused else "running"
+    alive = [c.last_heartbeat for c in stats.consumers]
+    beats = (
+        f"heartbeats {span(now - max(alive))} to {span(now - min(alive))} ago"
+        if alive
+        else "no live consumer: nothing runs"
+    )
+    rows: list[tuple[str, str, str] | str] = [
+        "tasks",
+        ("ready", count(stats.ready), "waiting for a consumer"),
+        ("parked", count(stats.parked), "in their groups' lines"),
+        ("held", count(stats.held), "held back: group paused, halted or out of rate"),
+        ("delayed", count(stats.delayed), f"next due {_due(stats.next_due_in)}"),
+        ("running", count(stats.running), ""),
+        ("dead", count(stats.dead), ""),
+        ("oldest waiting", span(stats.oldest_waiting), ""),
+        "groups",
+        ("with tasks", count(stats.groups), ""),
+        ("with a line", count(stats.groups_waiting), ""),
+        ("halted", count(stats.groups_halted), ""),
+        ("paused", count(stats.groups_paused), ""),
+        ("rate-limited", count(stats.groups_rate_limited), ""),
+        "consumers",
+        ("alive", count(stats.consumers_alive), beats),
+        ("gone", count(stats.consumers_gone), "silent past their lease"),
+        "totals since the queue began",
+        *(
+            (name, count(n), f"{rates[name]:,.1f}/s" if rates else "")
+            for name, n in stats.totals.items()
+        ),
+    ]  # fmt: skip
+    return f"queue {stats.queue!r} ({state}) at {clock(now)}\n" + _block(rows)
+
+
+def _block(rows: Sequence[tuple[str, str, str] | str]) -> str:
+    """Headings, and label / right-aligned figure / note lines under them."""
+    lines = [r for r in rows if not isinstance(r, str)]
+    label_width = max(len(label) for label, _, _ in lines)
+    figure_width = max(len(figure) for _, figure, _ in lines)
+    out = []
+    for row in rows:
+        if isinstance(row, str):
+            out.append(row)
+            continue
+        label, figure, note = row
+        line = f"  {label.ljust(label_width)}  {figure.rjust(figure_width)}  {note}"
+        out.append(line.rstrip())
+    return "\n".join(out)
+
+
+def _due(seconds: float | None) -> str:
+    return "-" if seconds is None else f"in {span(seconds)}"
+
+
+GROUP_HEADERS: Final = ("GROUP", "STATE", "RUNNING", "BACKLOG", "OLDEST", "WHY")
+
+
+def group_row(info: GroupInfo) -> tuple[object, ...]:
+    return (
+        info.group,
+        info.state,
+        count(info.running),
+        count(info.backlog),
+        span(info.oldest_age),
+        short(info.reason, 100),
+    )
+
+
+def render_group(info: GroupInfo) -> str:
+    now = info.now
+    rate = "none"
+    if info.rate is not None:
+        rate = f"{info.rate[0]} starts per {span(info.rate[1])}"
+        if info.rate_free_at is not None:
+            rate += f", next start {until(now, info.rate_free_at)}"
+    size = "no limit"
+    if info.max_size is not None:
+        size = f"{count(info.max_size)}" + (
+            " (full: enqueues are refused)" if info.full else ""
+        )
+    since = ""
+    if info.waiting_since is not None:
+        since = f" (the line has not been empty for {span(now - info.waiting_since)})"
+    head = "-"
+    if info.head is not None:
+        head = f"{info.head.id} ({info.head.slot}"
+        if info.head.due_at is not None and info.head.slot != "line":
+            head += f", due {until(now, info.head.due_at)}"
+        head += ")"
+    out = [
+        f"group {info.group!r}: {info.state}",
+        fields(
+            [
+                ("why", info.reason),
+                ("running", f"{info.running} of concurrency {info.concurrency}"),
+                ("next", head),
+                ("in line", count(info.backlog) + since),
+                ("delayed", count(info.delayed)),
+                ("oldest waiting", span(info.oldest_age)),
+                ("rate limit", rate),
+                ("max size", size),
+                ("paused", _paused(info)),
+                ("halted by", info.halted_by or "-"),
+            ]
+        ),
+    ]  # fmt: skip
+    if info.holders:
+        out += ["slot holders", _indent(holder_table(now, info.holders))]
+    return "\n".join(out)
+
+
+def _paused(info: GroupInfo) -> str:
+    if info.paused and info.queue_paused:
+        return "yes (the group and the queue)"
+    if info.paused:
+        return "yes"
+    return "the whole queue" if info.queue_paused else "no"
+
+
+def holder_table(now: float, holders: Sequence[GroupTask]) -> str:
+    rows = [
+        (
+            h.id,
+            h.slot,
+            f"{h.attempt}/{h.max_attempts}",
+            h.consumer or "-",
+            until(now, h.lease_deadline)
+            if h.slot == "running"
+            else until(now, h.due_at),
+        )
+        for h in holders
+    ]
+    return table(("TASK", "SLOT", "ATTEMPT", "CONSUMER", "LEASE ENDS / DUE"), rows)
+
+
+def _indent(text: str) -> str:
+    return "\n".join("  " + line for line in text.splitlines())
+
+
+def render_task(t: TaskDetails) -> str:
+    now = t.now
+    where = "-"
+    if t.slot is not None:
+        where = (
+            t.slot
+            if t.position is None
+            else f"{t.slot}, {t.position} ahead in its group"
+        )
+    pairs: list[tuple[str, object]] = [
+        ("state", t.state + (" (cancellation requested)" if t.cancel_requested else "")),
+        ("type", t.type or "-"),
+        ("group", t.group or "-"),
+        ("place", where),
+        ("attempt", f"{t.attempt} of {t.max_attempts}"),
+        ("priority", t.priority),
+        ("consumer", t.consumer or "-"),
+        ("lease ends", until(now, t.lease_deadline)),
+        ("due", until(now, t.due_at)),
+        ("runnable since", ago(now, t.runnable_since)),
+        ("enqueued", f"{clock(t.enqueued_at)} ({ago(now, t.enqueued_at)})"),
+        ("ended", f"{clock(t.ended_at)} ({ago(now, t.ended_at)})" if t.ended_at else "-"),
+        ("expires", clock(t.expires_at)),
+        ("error", t.error or "-"),
+        ("result stored", "yes" if t.has_result else "no"),
+        ("state kept for", span(t.kept_for) if t.kept_for is not None else "-"),
+        ("payload", short(repr(t.payload), 200)),
+    ]  # fmt: skip
+    out = [f"task {t.id}", fields(pairs)]
+    if t.traceback:
+        out += ["traceback", _indent(t.traceback.rstrip())]
+    return "\n".join(out)
+
+
+DEAD_HEADERS: Final = ("TASK", "TYPE", "GROUP", "ATTEMPTS", "DEAD SINCE", "REASON")
+
+
+def dead_rows(now: float, letters: Sequence[DeadLetter]) -> list[tuple[object, ...]]:
+    return [
+        (
+            d.id,
+            d.type,
+            d.group or "-",
+            count(d.attempts),
+            ago(now, d.dead_at),
+            short(d.reason),
+        )
+        for d in letters
+    ]
+
+
+CONSUMER_HEADERS: Final = (
+    "NAME", "HOST", "PID", "STATE", "IN FLIGHT", "CONCURRENCY", "HEARTBEAT", "UP",
+    "CLAIMED", "SUCCEEDED", "DEAD",
+)  # fmt: skip
+
+
+def consumer_rows(
+    now: float, consumers: Sequence[ConsumerInfo]
+) -> list[tuple[object, ...]]:
+    return [
+        (
+            c.name,
+            c.host,
+            c.pid,
+            "alive" if c.alive else "gone",
+            count(c.in_flight),
+            count(c.concurrency),
+            ago(now, c.last_heartbeat),
+            span(now - c.started),
+            count(c.stats.claimed),
+            count(c.stats.succeeded),
+            count(c.stats.dead),
+        )
+        for c in consumers
+    ]
+
+
+# -- progress ------------------------------------------------------------------
+
+
+class Progress:
+    """A progress bar on a terminal; elsewhere, one line per update (at most
+    one every half second, and the last)."""
+
+    def __init__(self, label: str, total: int, stream: IO[str] | None = None) -> None:
+        self.label, self.total = label, total
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self._last = 0.0
+        self._shown = -1
+
+    def update(self, done: int, *, final: bool = False) -> None:
+        now = time.monotonic()
+        if not final and now - self._last < (0.05 if self.tty else 0.5):
+            return
+        if done == self._shown and not (final and self.tty):
+            return
+        self._last, self._shown = now, done
+        total = max(self.total, done)
+        if self.tty:
+            filled = 30 * done // total if total else 30
+            bar = "#" * filled + "-" * (30 - filled)
+            end = "\n" if final else ""
+            self.stream.write(
+                f"\r{self.label} [{bar}] {count(done)}/{count(total)}{end}"
+            )
+        else:
+            self.stream.write(f"{self.label}: {count(done)}/{count(total)}\n")
+        self.stream.flush()

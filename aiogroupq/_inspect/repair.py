@@ -1,0 +1,507 @@
+"""Repair of a queue's keys: ``aiogroupq check --repair`` and :func:`repair_queue`.
+
+A round checks the queue (:mod:`._fsck`), picks the first stage that has
+problems and runs its steps, each one ``repair.lua`` call; then the queue is
+checked again, until it is consistent or nothing more can be done. The
+stages go from the keys outwards, so that each one works on what the earlier
+ones left sound:
+
+1. *keys*: a key of the wrong type, or one no script makes, is deleted; what
+   it held shows up in the next check as lost tasks or damaged counts;
+2. *tasks*: a live task whose hash is damaged (missing fields, an envelope
+   that does not decode or is too large, an unknown state) is dead-lettered
+   with a ``Corrupt:`` reason, out of wherever it waits, its slot passed on;
+3. *flags*: a ``conf`` flag the scripts rely on is set again;
+4. *places*: each task with a wrong, doubled or missing entry gets exactly
+   one, where its state says (a lost task of a group's line goes back at its
+   place, by the time it became runnable and then its id; a running one gets
+   an expired lease, so the next claim recovers it as after a crash);
+5. *groups*: a group's slot marks are rebuilt from its tasks' states, its
+   counts from its keys, then its free slots filled as the scripts would;
+6. *counters*: indexes, gauges of the stats hash and the fence counter.
+
+Each step reads again, inside its script, what it changes and decides from
+that, not from the check's reading: a step made needless by the queue
+moving on changes nothing, and running the repair twice is harmless. Group
+order is kept: a task going back to a group goes where the group's order
+puts it, and free slots are filled from the front of the line.
+"""
+
+from __future__ import annotations
+
+__all__ = ("ROUNDS", "Repair", "repair", "repair_queue")
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+from redis.exceptions import ResponseError
+
+from .._store import layout as _layout
+from .._store.connection import RedisLike, open_client, unavailable_as_error
+from .._store.partition import Partitions
+from .._store.scripts import Script
+from ..errors import CorruptQueueError
+from . import check as fsck
+
+if TYPE_CHECKING:
+    from redis.typing import EncodableT
+
+    from .._store.connection import Client
+    from .._store.keys import QueueKeys
+
+#: most check-and-repair rounds of one repair
+ROUNDS: Final = 12
+#: groups per "index" step
+_PER_STEP: Final = 200
+
+REPAIR: Final = Script("repair")
+
+_LIVE: Final = frozenset({"queued", "delayed", "running"})
+
+# Which stage repairs each kind of problem; WRONG_SLOT has none (the key's
+# name is wrong, which only a rename by hand can fix).
+_STAGES: Final = (
+    ("keys", frozenset({fsck.WRONG_TYPE, fsck.UNKNOWN_KEY})),
+    ("tasks", frozenset({fsck.BAD_TASK, fsck.BAD_ENVELOPE, fsck.OVERSIZED})),
+    ("flags", frozenset({fsck.BAD_CONF})),
+    (
+        "places",
+        frozenset(
+            {
+                fsck.ORPHAN_ENTRY,
+                fsck.MISPLACED,
+                fsck.DUPLICATE,
+                fsck.LOST_TASK,
+                fsck.NOT_INFLIGHT,
+                fsck.UNINDEXED_DEAD,
+            }
+        ),
+    ),
+    (
+        "groups",
+        frozenset(
+            {
+                fsck.SLOT_MISMATCH,
+                fsck.STRAY_SLOT,
+                fsck.UNMARKED_HEAD,
+                fsck.STUCK_PARK,
+                fsck.STUCK_HELD,
+                fsck.GROUP_OVERLAP,
+            }
+        ),
+    ),
+    ("counters", frozenset({fsck.BAD_COUNT, fsck.BAD_FENCE})),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Repair:
+    """One change :func:`repair_queue` made.
+
+    :ivar step: what kind of change: ``"drop"`` (a damaged or unknown key
+        deleted), ``"bury"`` (a damaged task dead-lettered), ``"flag"`` (a
+        conf flag set), ``"place"`` (a task's entries put right), ``"group"``
+        (a group's marks and counts rebuilt), ``"index"``, ``"stat"`` or
+        ``"fence"`` (a count set)
+    :ivar task_id: the task concerned, if one is
+    :ivar group: the group concerned, if one is
+    :ivar detail: what was changed, in words
+    """
+
+    step: str
+    task_id: str | None
+    group: str | None
+    detail: str
+
+    def __str__(self) -> str:
+        where = "".join(
+            f" {label} {value!r}"
+            for label, value in (("task", self.task_id), ("group", self.group))
+            if value is not None
+        )
+        return f"{self.step}{where}: {self.detail}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Step:
+    args: tuple[EncodableT, ...]
+    task_id: str | None = None
+    group: str | None = None
+
+
+def _stage_of(problem: fsck.Problem) -> str | None:
+    if problem.kind == fsck.BAD_COUNT and problem.group is not None:
+        return "groups"  # a group's own counts: rebuilt with its marks
+    for name, kinds in _STAGES:
+        if problem.kind in kinds:
+            return name
+    return None
+
+
+def _is_int(value: str | None) -> bool:
+    return value is not None and value.lstrip("-").isdigit()
+
+
+def _order(snap: fsck.Snapshot, task_id: str) -> tuple[int, str]:
+    """Where a task belongs in its group's line: by the time it became
+    runnable (server ms), then by id (ids are time-ordered)."""
+    task = snap.tasks.get(task_id)
+    due = task.due if task is not None else None
+    return (int(due) if due is not None and _is_int(due) else 0, task_id)
+
+
+def _pivots(
+    snap: fsck.Snapshot, group: str, ids: Iterable[str], heads: Iterable[str] = ()
+) -> dict[str, str]:
+    """For each task going back into *group*'s line, the entry to insert it
+    before ("" for the tail).
+
+    *heads* held a slot before (an entry of the ready or held list, a task
+    that has started): a slot holder is ahead of every task of the line, so
+    these go first, oldest first. The others go before the first entry that
+    became runnable after them. Both are inserted oldest first, so several
+    of them keep their order among themselves too.
+    """
+    first = set(heads)
+    moving = set(ids) | first
+    line = [i for i in snap.parks.get(group, []) if i not in moving]
+    out = {}
+    for n, task_id in enumerate(sorted(first, key=lambda i: _order(snap, i))):
+        out[task_id] = line[n] if n < len(line) else ""
+        line.insert(n, task_id)
+    for task_id in sorted(moving - first, key=lambda i: _order(snap, i)):
+        key = _order(snap, task_id)
+        at = next(
+            (
+                n
+                for n, other in enumerate(line[len(first) :], len(first))
+                if _order(snap, other) > key
+            ),
+            None,
+        )
+        out[task_id] = "" if at is None else line[at]
+        line.insert(len(line) if at is None else at, task_id)
+    return out
+
+
+def _started(snap: fsck.Snapshot, task_id: str) -> bool:
+    task = snap.tasks.get(task_id)
+    return task is not None and _is_int(task.attempt) and int(task.attempt or 0) > 0
+
+
+def _places(snap: fsck.Snapshot) -> dict[str, list[str]]:
+    """Every place label each id has an entry in."""
+    places: dict[str, list[str]] = defaultdict(list)
+    for label, ids in (
+        ("ready", snap.ready),
+        ("pready", snap.pready),
+        ("delayed", snap.delayed),
+        ("leases", snap.leases),
+        ("dead", snap.dead),
+    ):
+        for task_id in ids:
+            places[task_id].append(label)
+    for family, lists in (
+        ("park", snap.parks),
+        ("held", snap.held),
+        ("inflight", snap.inflight),
+    ):
+        for item, ids in lists.items():
+            for task_id in ids:
+                places[task_id].append(f"{family}:{item}")
+    return places
+
+
+def _expected_type(keys: QueueKeys, name: str) -> str:
+    """The type a key of the queue must have; "" for a key no script makes."""
+    rest = name.removeprefix(keys.prefix)
+    if rest in fsck.FIXED:
+        return fsck.FIXED[rest]
+    family, sep, item = rest.partition(":")
+    if sep and item and family in fsck.FAMILIES:
+        return fsck.FAMILIES[family]
+    return ""
+
+
+def _plan_keys(snap: fsck.Snapshot, problems: Sequence[fsck.Problem]) -> list[_Step]:
+    return [
+        _Step(("drop", p.key, _expected_type(snap.keys, p.key)))
+        for p in problems
+        if p.key is not None
+    ]
+
+
+def _plan_tasks(snap: fsck.Snapshot, problems: Sequence[fsck.Problem]) -> list[_Step]:
+    whys: dict[str, list[str]] = defaultdict(list)
+    for p in problems:
+        if p.task_id is None:
+            continue
+        if p.kind == fsck.BAD_ENVELOPE:
+            whys[p.task_id].append(f"its envelope does not decode ({p.detail})")
+        elif p.kind == fsck.OVERSIZED:
+            whys[p.task_id].append(f"it is too large ({p.detail})")
+        else:
+            whys[p.task_id].append(f"its hash is damaged ({p.detail})")
+    places = _places(snap)
+    steps = []
+    for task_id, why in sorted(whys.items()):
+        task = snap.tasks.get(task_id)
+        if task is None:
+            continue
+        labels = sorted(set(places.get(task_id, [])))
+        args = ("bury", task_id, task.state or "", "; ".join(why), *labels)
+        steps.append(_Step(args, task_id, task.group))
+    return steps
+
+
+def _plan_flags(snap: fsck.Snapshot, problems: Sequence[fsck.Problem]) -> list[_Step]:
+    live = [t for t in snap.tasks.values() if t.state in _LIVE]
+    flags = []
+    if snap.pready or any(
+        _is_int(t.priority) and int(t.priority or 0) > 0 for t in live
+    ):
+        flags.append("pu")
+    if snap.gconf:
+        flags.append("gc")
+    if any(t.unique for t in live):
+        flags.append("uq")
+    return [_Step(("flag", name)) for name in flags if snap.conf.get(name) != "1"]
+
+
+def _plan_places(snap: fsck.Snapshot, problems: Sequence[fsck.Problem]) -> list[_Step]:
+    ids = sorted({p.task_id for p in problems if p.task_id is not None})
+    places = _places(snap)
+    # Lost tasks of a group's line go back at their place in it.
+    lost: dict[str, list[str]] = defaultdict(list)
+    for task_id in ids:
+        task = snap.tasks.get(task_id)
+        waits = [
+            label
+            for label in places.get(task_id, [])
+            if not label.startswith(("inflight:", "dead"))
+        ]
+        twice = task is not None and waits.count(f"park:{task.group}") > 1
+        if (
+            task is not None
+            and task.state == "queued"
+            and task.group
+            and (not waits or twice)
+            and task_id not in snap.groups.get(task.group, fsck.GroupState()).marks
+        ):
+            # Lost, or twice in its line (then one entry goes back at its
+            # place, as a lost one would).
+            lost[task.group].append(task_id)
+    pivots: dict[str, str] = {}
+    for group, members in lost.items():
+        started = [i for i in members if _started(snap, i)]
+        pivots.update(_pivots(snap, group, members, started))
+    steps = []
+    for task_id in sorted(ids, key=lambda i: _order(snap, i)):
+        task = snap.tasks.get(task_id)
+        labels = sorted(places.get(task_id, []))  # twice in a list: twice here
+        args = ("place", task_id, pivots.get(task_id, ""), *labels)
+        steps.append(_Step(args, task_id, task.group if task else None))
+    return steps
+
+
+def _plan_groups(snap: fsck.Snapshot, problems: Sequence[fsck.Problem]) -> list[_Step]:
+    fixes: dict[str, set[str]] = defaultdict(set)
+    for p in problems:
+        if p.group is None:
+            continue
+        fixes.setdefault(p.group, set())
+        if p.task_id is not None and p.kind in (fsck.SLOT_MISMATCH, fsck.UNMARKED_HEAD):
+            fixes[p.group].add(p.task_id)
+    ready = set(snap.ready) | set(snap.pready)
+    steps = []
+    for group, ids in sorted(fixes.items()):
+        state = snap.groups.get(group, fsck.GroupState())
+        first_delay = sum(
+            1
+            for t in snap.tasks.values()
+            if t.group == group
+            and t.state == "delayed"
+            and not (_is_int(t.attempt) and int(t.attempt or 0) > 0)
+        )
+        held = set(snap.held.get(group, []))
+        moving = [i for i in ids if i not in state.marks and (i in ready or i in held)]
+        pivots = _pivots(snap, group, (), moving)
+        args: list[EncodableT] = ["group", group, state.d or "", first_delay]
+        for task_id in sorted(ids, key=lambda i: _order(snap, i)):
+            args += [task_id, pivots.get(task_id, "")]
+        steps.append(_Step(tuple(args), None, group))
+    return steps
+
+
+def _plan_counters(
+    snap: fsck.Snapshot, problems: Sequence[fsck.Problem]
+) -> list[_Step]:
+    steps = []
+    kinds = {p.kind for p in problems}
+    if fsck.BAD_COUNT in kinds:
+        with_line = {g: len(ids) for g, ids in snap.parks.items() if ids}
+        halted = {g for g, s in snap.groups.items() if s.halted is not None}
+        paused = {g for g, conf in snap.gconf.items() if conf.get("p") == "1"}
+        backlog = {g: int(n) for g, n in snap.backlog.items()}
+        names = sorted(
+            {g for g, _ in set(backlog.items()) ^ set(with_line.items())}
+            | (snap.waiting ^ set(with_line))
+            | (snap.halted ^ halted)
+            | (snap.paused ^ paused)
+        )
+        steps += [
+            _Step(("index", *names[start : start + _PER_STEP]))
+            for start in range(0, len(names), _PER_STEP)
+        ]
+        gauges = {
+            "parked": sum(with_line.values()),
+            "held": sum(len(ids) for ids in snap.held.values()),
+            "ratewait": len(snap.rate_wakes()),
+            "groups": len(snap.groups),
+        }
+        for name, value in sorted(snap.stats.items()):
+            if name not in gauges and not _is_int(value):
+                steps.append(_Step(("stat", name, 0, value)))
+        for name, want in gauges.items():
+            have = snap.stats.get(name)
+            if have is None and want == 0:
+                continue
+            if have is None or not _is_int(have) or int(have) != want:
+                steps.append(_Step(("stat", name, want, have or "")))
+    if fsck.BAD_FENCE in kinds:
+        tokens = [int(t.token or 0) for t in snap.tasks.values() if _is_int(t.token)]
+        steps.append(_Step(("fence", max(tokens, default=0))))
+    return steps
+
+
+_PLANS: Final = {
+    "keys": _plan_keys,
+    "tasks": _plan_tasks,
+    "flags": _plan_flags,
+    "places": _plan_places,
+    "groups": _plan_groups,
+    "counters": _plan_counters,
+}
+
+
+async def _run_step(client: Client, keys: QueueKeys, step: _Step) -> str:
+    """Run one step; "" when it changed nothing (or could not run yet)."""
+    # Ids and names as stored, even when they are not UTF-8.
+    args = [
+        a.encode("utf-8", "surrogateescape") if isinstance(a, str) else a
+        for a in step.args
+    ]
+    try:
+        reply: Any = await REPAIR(client, keys, (), args)
+    except CorruptQueueError:
+        return ""  # a key it writes is damaged: the "keys" stage comes first
+    text = reply.decode(errors="replace") if isinstance(reply, bytes) else str(reply)
+    return "" if text == "retry" else text
+
+
+async def _activity(client: Client, keys: QueueKeys) -> Any:
+    """The stats hash: any enqueue, start, end or group change moves it."""
+    try:
+        return await client.hgetall(keys.stats)
+    except ResponseError:  # a damaged stats key: the keys stage deals with it
+        return None
+
+
+async def repair(
+    client: Client,
+    keys: QueueKeys,
+    *,
+    max_payload: int = fsck.DEFAULT_MAX_PAYLOAD,
+    rounds: int = ROUNDS,
+) -> tuple[list[Repair], list[fsck.Problem]]:
+    """Check and repair one queue until it is consistent or nothing more can
+    be done; return the changes made and the problems left."""
+    done: list[Repair] = []
+    stuck: set[str] = set()  # stages whose steps changed nothing
+    problems: list[fsck.Problem] = []
+    for _ in range(rounds):
+        before = await _activity(client, keys)
+        snap, problems = await fsck.examine(client, keys, max_payload=max_payload)
+        # Counters are recounted from the snapshot, which is not one atomic
+        # read: only when nothing moved while it was taken.
+        quiet = before == await _activity(client, keys)
+        by_stage: dict[str, list[fsck.Problem]] = defaultdict(list)
+        for p in problems:
+            stage = _stage_of(p)
+            if stage is not None and (stage != "counters" or quiet):
+                by_stage[stage].append(p)
+        todo = [name for name, _ in _STAGES if by_stage[name] and name not in stuck]
+        if not todo:
+            break
+        stage = todo[0]
+        changed = False
+        for step in _PLANS[stage](snap, by_stage[stage]):
+            detail = await _run_step(client, keys, step)
+            if detail:
+                changed = True
+                done.append(Repair(str(step.args[0]), step.task_id, step.group, detail))
+        if changed:
+            stuck.clear()
+        else:
+            stuck.add(stage)
+    else:
+        problems = await fsck.check(client, keys, max_payload=max_payload)
+    return done, problems
+
+
+async def repair_queue(
+    redis: RedisLike,
+    queue: str,
+    *,
+    max_payload_bytes: int = fsck.DEFAULT_MAX_PAYLOAD,
+) -> list[Repair]:
+    """Repair what :func:`check_queue` finds in one queue's Redis keys.
+
+    Each kind of problem is repaired so that group order is kept: damaged
+    or unknown keys are deleted, tasks whose hash is damaged are
+    dead-lettered (``Corrupt: ...``), each task gets exactly the one entry
+    its state calls for (a lost one goes back where its group's order puts
+    it; a running one whose lease is gone is recovered by the next claim,
+    as after a crash), groups' marks and counts are rebuilt from their
+    tasks, and indexes, counters and the fence are recounted. Every step is
+    atomic and checks again what it changes, so the repair is safe on a
+    live queue and may be run again. Call :func:`check_queue` afterwards to
+    see what is left (a key in another cluster slot is never moved).
+
+    :param redis: a ``redis://`` URL or a ``redis.asyncio.Redis`` client
+    :param queue: the queue name
+    :param max_payload_bytes: the consumers' ``max_payload_bytes``: a live
+        task they would refuse as too large is dead-lettered
+    :return: the changes made, in order
+    :raises ConfigurationError: for a bad queue name or client
+    :raises RedisUnavailableError: if Redis cannot be reached
+    """
+    return (await repair_partitions(redis, queue, max_payload=max_payload_bytes))[0]
+
+
+@unavailable_as_error
+async def repair_partitions(
+    redis: RedisLike, queue: str, *, max_payload: int = fsck.DEFAULT_MAX_PAYLOAD
+) -> tuple[list[Repair], list[fsck.Problem]]:
+    """:func:`repair` of every partition of a queue; the changes, and what
+    the check finds afterwards (a group live in the wrong partition is only
+    reported: moving tasks between partitions would break its order)."""
+    parts = Partitions(queue)
+    done: list[Repair] = []
+    async with open_client(redis, retry=True) as client:
+        parts.layout = await _layout.read(client, parts)
+        for keys in parts.all():
+            done += (await repair(client, keys, max_payload=max_payload))[0]
+    _, problems = await fsck.examine_partitions(redis, queue, max_payload=max_payload)
+    return done, problems
+
+
+@unavailable_as_error
+async def repair_keys(
+    redis: RedisLike, keys: QueueKeys, *, max_payload: int = fsck.DEFAULT_MAX_PAYLOAD
+) -> tuple[list[Repair], list[fsck.Problem]]:
+    """:func:`repair` with a URL or a client to borrow."""
+    async with open_client(redis, retry=True) as client:
+        return await repair(client, keys, max_payload=max_payload)

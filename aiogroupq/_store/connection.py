@@ -1,0 +1,694 @@
+"""Own or borrow a ``redis.asyncio.Redis`` (or ``RedisCluster``) client; bound
+its calls, check the servers it talks to, and turn what it raises into
+aiogroupq's errors.
+
+A Redis Cluster is reached through a ``redis.asyncio.cluster.RedisCluster``:
+it routes each command (a script call by its keys, which share one
+partition's hash tag) to the node owning the slot, follows ``MOVED`` and
+``ASK`` redirections and finds the new primary after a failover. A
+``redis+cluster://`` URL makes one (``rediss+cluster://`` with TLS); it may
+name several seed nodes, ``redis+cluster://h1:7000,h2:7000/``. A plain
+client pointed at a cluster node could not follow redirections: it is
+refused at entry with a :class:`~aiogroupq.ConfigurationError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import logging
+import os
+import random
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any, Final, ParamSpec, TypeVar
+
+import anyio
+import redis.exceptions as rexc
+from redis.asyncio import Redis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import FullJitterBackoff, NoBackoff
+
+from ..errors import (
+    AiogroupqError,
+    AuthenticationError,
+    ConfigurationError,
+    PermissionDeniedError,
+    RedisUnavailableError,
+)
+
+logger = logging.getLogger("aiogroupq")
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+Client = Redis | RedisCluster
+"""A client of one server, or of a Redis Cluster."""
+
+RedisLike = str | Redis | RedisCluster
+"""A ``redis://`` or ``redis+cluster://`` URL (we create and close the
+client) or a client to borrow."""
+
+#: what a failing Redis call may raise: redis-py's errors, socket errors, and
+#: a cluster client's own (no reachable node, a slot no node serves)
+REDIS_FAILURES: Final = (rexc.RedisError, OSError, rexc.RedisClusterException)
+
+#: URL schemes of a Redis Cluster (seed nodes, comma-separated)
+CLUSTER_SCHEMES: Final = ("redis+cluster", "rediss+cluster")
+
+#: socket timeout of a consumer's own client: above the longest BLPOP it
+#: issues (a producer's own client uses CALL_BUDGET)
+OWN_SOCKET_TIMEOUT: Final = 10.0
+#: connect timeout of clients we create
+OWN_CONNECT_TIMEOUT: Final = 2.0
+#: re-sends of an idempotent command after a connection error, with a random
+#: backoff of at most 50 ms doubling to 1 s: no count, since
+#: :data:`CALL_BUDGET` ends them. A count ran out on refused connections
+#: (each refusal is instant) after about 1.3 s, before a restarting Redis
+#: was back.
+OWN_RETRIES: Final = -1
+#: seconds one Redis round trip of a producer call (or of ``check_queue``,
+#: or of a consumer's start-up checks) may take, re-sends and reconnects
+#: included, before it fails with RedisUnavailableError: the time a caller
+#: waits after Redis stops answering (down, frozen, cut off)
+CALL_BUDGET: Final = 5.0
+#: re-sends of a cluster client's own connection layer, each after a refresh
+#: of the cluster's topology (our backoff and budget are _BoundedCluster's)
+_CLUSTER_RESENDS: Final = 3
+
+# redis-py counts a refused password as a ConnectionError and retries it;
+# waiting does not make a password right.
+_NOT_TRANSIENT: Final[tuple[type[Exception], ...]] = tuple(
+    cls
+    for cls in (
+        rexc.AuthenticationError,
+        getattr(rexc, "AuthorizationError", None),
+        getattr(rexc, "ExternalAuthProviderError", None),
+    )
+    if isinstance(cls, type)
+)
+_AUTH_ERRORS: Final = (*_NOT_TRANSIENT, rexc.AuthenticationWrongNumberOfArgsError)
+
+
+class BoundedRetry(Retry):
+    """redis-py's asyncio :class:`~redis.asyncio.retry.Retry` within a time
+    budget per call, and without re-sending after refused credentials.
+
+    Every command, pipeline and connect of a client goes through
+    :meth:`call_with_retry`, so the budget bounds each round trip, however the
+    server fails: refusing connections (retried with backoff), or frozen
+    (connections accepted by the kernel, no reply ever).
+    """
+
+    def __init__(self, retries: int, *, budget: float) -> None:
+        super().__init__(FullJitterBackoff(cap=1.0, base=0.05), retries)
+        self.budget = budget
+
+    async def call_with_retry(
+        self,
+        do: Callable[[], Awaitable[T]],
+        fail: Callable[..., Any],
+        *args: Any,
+        **kwargs: Any,
+    ) -> T:
+        async def failed(error: Exception, *more: Any) -> None:
+            cleanup = fail(error, *more)  # closes the connection: keep that
+            if inspect.isawaitable(cleanup):
+                await cleanup
+            if isinstance(error, _NOT_TRANSIENT):
+                raise error
+
+        async def attempt() -> T:
+            # redis-py < 5.1 connects inside this retry but lets the socket's
+            # own OSError (a refused connection) out of it unretried.
+            try:
+                return await do()
+            except TimeoutError as exc:
+                raise rexc.TimeoutError(str(exc)) from exc
+            except OSError as exc:
+                raise rexc.ConnectionError(str(exc) or type(exc).__name__) from exc
+
+        # asyncio's own timeout, not an anyio scope: this runs twice per
+        # command (redis-py 8 sends every command's connect through it too),
+        # and an anyio scope cost a producer's enqueue about a tenth of its CPU.
+        try:
+            async with asyncio.timeout(self.budget) as budget:
+                return await super().call_with_retry(attempt, failed, *args, **kwargs)
+        except TimeoutError:
+            if not budget.expired():
+                raise
+        # Not a builtin TimeoutError: Producer.result raises that for its own
+        # timeout, and this one must become RedisUnavailableError.
+        raise rexc.TimeoutError(f"no reply from Redis within {self.budget:g} s")
+
+
+def _connection_kwargs(client: Client) -> dict[str, Any]:
+    if isinstance(client, RedisCluster):
+        return client.get_connection_kwargs()
+    return client.connection_pool.connection_kwargs
+
+
+def check_borrowed(client: Client) -> None:
+    """Refuse a client whose replies would be ``str``: envelopes are binary."""
+    if _connection_kwargs(client).get("decode_responses", False):
+        raise ConfigurationError(
+            "the Redis client was created with decode_responses=True; aiogroupq "
+            "stores MessagePack and needs bytes: pass a client made with "
+            "decode_responses=False (the default) or a URL"
+        )
+
+
+def socket_timeout(client: Client) -> float | None:
+    """The client's socket timeout in seconds (``None``: unlimited)."""
+    value = _connection_kwargs(client).get("socket_timeout")
+    return None if value is None else float(value)
+
+
+def _inside_redis_py(exc: BaseException) -> bool:
+    """Whether *exc* was raised by redis-py's own code (its innermost frame
+    is in the ``redis`` package), not by ours or the caller's."""
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return f"{os.sep}redis{os.sep}" in tb.tb_frame.f_code.co_filename
+
+
+@contextmanager
+def cluster_glitches() -> Iterator[None]:
+    """Raise an ``AttributeError`` or ``TypeError`` of redis-py's own code as
+    the ConnectionError it stands for. While a cluster fails over, redis-py's
+    cluster client may close a connection that another task is writing to,
+    which then fails with ``'NoneType' object has no attribute
+    'writelines'`` (redis-py issues 3546, 3835): a lost connection, which our
+    loops retry, not a bug of the caller."""
+    try:
+        yield
+    except (AttributeError, TypeError) as exc:
+        if not _inside_redis_py(exc):
+            raise
+        raise rexc.ConnectionError(f"connection lost mid-call ({exc})") from exc
+
+
+class _OwnCluster(RedisCluster):
+    """The cluster client of a consumer that aiogroupq made from a URL."""
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        with cluster_glitches():
+            return await super().execute_command(*args, **kwargs)
+
+
+class _BoundedCluster(_OwnCluster):
+    """A :class:`RedisCluster` whose every command is bounded by
+    :data:`CALL_BUDGET`, re-sent with backoff while the cluster fails over
+    (the cluster client itself re-sends at once, without waiting for the
+    election of a new primary). Only for idempotent callers, as
+    :class:`BoundedRetry` is."""
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        parent = super().execute_command
+        return await _resend_within_budget(lambda: parent(*args, **dict(kwargs)))
+
+
+async def resent_on_failover(client: Client, call: Callable[[], Awaitable[T]]) -> T:
+    """``call()``, sent again with backoff within :data:`CALL_BUDGET` while a
+    cluster client of ours (from a URL) meets a failover. For idempotent
+    calls whose commands bypass :class:`_BoundedCluster`'s own re-sending
+    (pipelines: the script and its ``WAIT``). Any other client: one try,
+    its own retry policy applies."""
+    if not isinstance(client, _BoundedCluster):
+        return await call()
+    return await _resend_within_budget(call)
+
+
+#: what a cluster failing over answers (and redis-py < 5.1's own socket
+#: errors on connecting: refused, reset, unreachable)
+_FAILOVER_ERRORS: Final = (
+    rexc.ConnectionError,
+    rexc.TimeoutError,
+    rexc.ClusterDownError,
+    rexc.TryAgainError,
+    rexc.RedisClusterException,
+    OSError,
+)
+
+
+async def _resend_within_budget(call: Callable[[], Awaitable[T]]) -> T:
+    backoff = 0.05
+    with anyio.move_on_after(CALL_BUDGET):
+        while True:
+            try:
+                return await call()
+            except _NOT_TRANSIENT:
+                raise
+            except _FAILOVER_ERRORS:
+                await anyio.sleep(random.uniform(backoff / 2, backoff))
+                backoff = min(backoff * 2, 1.0)
+    raise rexc.TimeoutError(f"no reply from Redis within {CALL_BUDGET:g} s")
+
+
+def _cluster_from_url(url: str, kwargs: dict[str, object], *, retry: bool) -> Client:
+    """A cluster client for a ``redis+cluster://[auth@]h1:p1[,h2:p2...][/0][?..]``
+    URL: the first node is the URL redis-py parses, the others seed nodes."""
+    scheme, _, rest = url.partition("://")
+    match = re.fullmatch(r"(?P<info>[^/?#]*@)?(?P<hosts>[^/?#]*)(?P<tail>.*)", rest)
+    assert match is not None  # every string matches
+    hosts = [h for h in match["hosts"].split(",") if h]
+    if not hosts:
+        raise ValueError("no host:port in the URL")
+    seeds = []
+    for host in hosts[1:]:
+        name, _, port = host.rpartition(":")
+        if not name or not port.isdigit():
+            raise ValueError(f"seed node {host!r} is not host:port")
+        seeds.append(ClusterNode(name.strip("[]"), int(port)))
+    base = "rediss" if scheme.startswith("rediss") else "redis"
+    cls = _BoundedCluster if retry else _OwnCluster
+    return cls.from_url(
+        f"{base}://{match['info'] or ''}{hosts[0]}{match['tail']}",
+        startup_nodes=seeds,
+        **kwargs,
+    )
+
+
+def require_asyncio() -> None:
+    """Refuse to start outside asyncio: redis.asyncio runs on nothing else, and
+    under trio it would fail only at the first command, with a ``TypeError``.
+
+    :raises ConfigurationError: if no asyncio event loop runs in this thread
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        raise ConfigurationError(
+            "aiogroupq runs on asyncio; no asyncio event loop is running here "
+            "(trio or another event loop?), and redis.asyncio supports no other: "
+            "start it with asyncio.run() or anyio.run(..., backend='asyncio')"
+        ) from None
+
+
+# The user-info part of a URL: everything from after "scheme://" (or the
+# start) to the LAST "@", so that a password holding "/", "@" or ":" (not
+# percent-encoded, as in a malformed URL) is masked whole.
+_USERINFO: Final = re.compile(r"^(?P<head>[A-Za-z][A-Za-z0-9+.-]*://)?(?P<info>.*)@")
+_SECRET_QUERY: Final = re.compile(r"(?i)([?&](?:password|pass|pwd)=)([^&#]*)")
+
+
+def safe_url(url: str) -> str:
+    """*url* with its password masked, for messages and logs.
+
+    Works on malformed URLs too: whatever stands between ``scheme://`` and the
+    last ``@`` is user info; only a user name before its first ``:`` is kept.
+    A ``password=`` query parameter is masked as well.
+    """
+    text = _SECRET_QUERY.sub(r"\1***", str(url))
+    match = _USERINFO.match(text)
+    if match is None:
+        return text
+    user, colon, _ = match["info"].partition(":")
+    if "/" in user:  # no "user:" before the "@": mask all of it
+        user, colon = "", ":"
+    masked = f"{user}:***" if colon else "***"
+    return f"{match['head'] or ''}{masked}@{text[match.end() :]}"
+
+
+def _redact(text: str, url: str) -> str:
+    """*text* (an error from parsing *url*), or a placeholder if it quotes any
+    piece of *url*'s user info (the parser may have cut the URL anywhere)."""
+    match = _USERINFO.match(url)
+    pieces = re.split(r"[:/@?#]", match["info"]) if match else []
+    secrets = [*pieces, *(m[2] for m in _SECRET_QUERY.finditer(url))]
+    if any(piece and piece in text for piece in secrets):
+        return "the parser's message is withheld: it quotes the credentials"
+    return text
+
+
+@asynccontextmanager
+async def open_client(redis: RedisLike, *, retry: bool) -> AsyncIterator[Client]:
+    """Yield a usable client; close it afterwards only if we created it.
+
+    :param retry: keep redis-py's automatic re-sending of commands after a
+        connection error, within :data:`CALL_BUDGET` per round trip. Only for
+        idempotent callers (enqueue, status); the consumer retries at its own
+        layer, where it knows what is safe.
+    :raises ConfigurationError: outside asyncio, or for an unusable client
+    """
+    require_asyncio()
+    if isinstance(redis, Redis | RedisCluster):
+        check_borrowed(redis)
+        yield redis
+        return
+    client = new_client(redis, retry=retry)
+    try:
+        yield client
+    finally:
+        # Also when we are being cancelled: else the connection leaks.
+        with anyio.CancelScope(shield=True):
+            await client.aclose()
+
+
+def new_client(redis: object, *, retry: bool) -> Client:
+    """A client of our own for the URL *redis* (the caller closes it); it
+    connects on its first command.
+
+    :param retry: as for :func:`open_client`
+    :raises ConfigurationError: for anything but a usable ``redis://`` or
+        ``redis+cluster://`` URL
+    """
+    if not isinstance(redis, str):
+        raise ConfigurationError(
+            f"expected a redis:// URL or a redis.asyncio.Redis client, got {redis!r}"
+        )
+    kwargs: dict[str, object] = {
+        # redis-py before 8 reads the handshake of a new connection outside
+        # the retry policy: only the socket timeout bounds that read.
+        "socket_timeout": CALL_BUDGET if retry else OWN_SOCKET_TIMEOUT,
+        "socket_connect_timeout": OWN_CONNECT_TIMEOUT,
+    }
+    client: Client
+    try:
+        if redis.partition("://")[0].lower() in CLUSTER_SCHEMES:
+            # The cluster client re-sends after a connection error only to
+            # find the new topology; our own retrying is _BoundedCluster's,
+            # which CALL_BUDGET bounds (so a count here, not OWN_RETRIES'
+            # "forever").
+            kwargs["retry"] = Retry(NoBackoff(), _CLUSTER_RESENDS if retry else 0)
+            client = _cluster_from_url(redis, kwargs, retry=retry)
+        else:
+            kwargs["retry"] = (
+                BoundedRetry(OWN_RETRIES, budget=CALL_BUDGET)
+                if retry
+                else Retry(NoBackoff(), 0)
+            )
+            client = Redis.from_url(redis, **kwargs)  # type: ignore[arg-type]
+    except (ValueError, TypeError, rexc.RedisClusterException) as exc:
+        raise ConfigurationError(
+            f"unusable Redis URL {safe_url(redis)!r}: {_redact(str(exc), redis)}"
+        ) from None  # the parser's traceback would show the URL again
+    return client
+
+
+def as_aiogroupq_error(exc: BaseException) -> AiogroupqError | None:
+    """The aiogroupq error a Redis failure stands for, or None if it is
+    not one we know (or already ours)."""
+    if isinstance(exc, AiogroupqError):
+        return None
+    if isinstance(exc, _AUTH_ERRORS):
+        detail = str(exc) or type(exc).__name__
+        if "already authenticated" in detail or "required" in detail:
+            # NOAUTH, which redis-py's handshake can phrase confusingly
+            detail = "the server needs a password and none was given"
+        return AuthenticationError(detail)
+    if isinstance(exc, rexc.NoPermissionError):
+        return PermissionDeniedError(str(exc))
+    if isinstance(exc, rexc.ResponseError) and "DB index" in str(exc):
+        return ConfigurationError(
+            f"Redis refused the database number in the URL ({exc}): use one "
+            "below the server's 'databases' setting (16 by default)"
+        )
+    if isinstance(exc, rexc.MovedError | rexc.AskError) or (
+        isinstance(exc, rexc.ResponseError) and str(exc).startswith("MOVED ")
+    ):
+        return ConfigurationError(_NOT_A_CLUSTER_CLIENT)
+    if isinstance(exc, rexc.RedisClusterException | rexc.ClusterError):
+        return RedisUnavailableError(str(exc) or type(exc).__name__)
+    # Not OSError at large: the builtin TimeoutError is one, and
+    # Producer.result raises it for its own timeout.
+    if isinstance(exc, rexc.ConnectionError | rexc.TimeoutError | ConnectionError):
+        return RedisUnavailableError(str(exc) or type(exc).__name__)
+    return None
+
+
+_NOT_A_CLUSTER_CLIENT: Final = (
+    "the server is a node of a Redis Cluster, and a plain client cannot follow "
+    "the cluster's redirections: connect with a redis+cluster://host:port URL "
+    "or pass a redis.asyncio.cluster.RedisCluster client"
+)
+
+
+@contextmanager
+def translated_errors() -> Iterator[None]:
+    """Raise what a Redis failure stands for (see :func:`as_aiogroupq_error`)."""
+    try:
+        yield
+    except Exception as exc:
+        if (ours := as_aiogroupq_error(exc)) is None:
+            raise
+        raise ours from exc
+
+
+def unavailable_as_error(
+    method: Callable[P, Awaitable[T]],
+) -> Callable[P, Awaitable[T]]:
+    """Turn a Redis failure into its aiogroupq error: a connection failure
+    that outlived the client's retries or its budget into
+    :class:`~aiogroupq.RedisUnavailableError`, refused credentials into
+    :class:`~aiogroupq.AuthenticationError`, and so on."""
+
+    @functools.wraps(method)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        with translated_errors():
+            return await method(*args, **kwargs)
+
+    return wrapper
+
+
+async def check_server(client: Client, *, eviction: bool = True) -> None:
+    """Refuse servers too old for our scripts, or that may evict our keys,
+    and a plain client of a cluster node.
+
+    Needs no privileged command: the version comes from ``HELLO`` (``INFO``
+    as a fallback), and a denied ``CONFIG GET`` only logs a warning. One
+    round trip (two if ``HELLO`` is refused), each within
+    :data:`CALL_BUDGET`; with a cluster, one per primary, at once.
+
+    :param eviction: check ``maxmemory-policy`` (False: the user accepted
+        eviction, ``allow_eviction=True``)
+    :raises ConfigurationError: for Redis < 7.0 (Valkey reports 7.2 or
+        later), an eviction policy other than ``noeviction``, or a plain
+        client (or ``redis://`` URL) of a Redis Cluster node
+    :raises RedisUnavailableError: if the server does not answer in time
+    """
+    with translated_errors():
+        if isinstance(client, RedisCluster):
+            await _bounded(client.initialize)
+            for node in client.get_primaries():
+                # One after another: the first refusal is raised as it is
+                # (not in an ExceptionGroup), and primaries are few.
+                await _check_node(client, node, eviction)
+            return
+        # One pipeline: starting a consumer must not cost a round trip per
+        # check (a consumer replacing a stalled one recovers its tasks sooner).
+        # The PING comes first so that a refused password or database
+        # reads as such, not as the refusal of a later command.
+        ping, hello, *policy = await _bounded(
+            functools.partial(_probe, client, eviction=eviction)
+        )
+        if isinstance(ping, Exception):
+            raise ping
+        if _hello_field(hello, "mode") == "cluster":
+            raise ConfigurationError(_NOT_A_CLUSTER_CLIENT)
+        version = _version_of(hello)
+        if version is None:
+            version = await _info_version(client)
+        _check_version(version, where="")
+        if policy:
+            _check_eviction(client, policy[0])
+
+
+async def _check_node(client: RedisCluster, node: ClusterNode, eviction: bool) -> None:
+    async def run(*args: Any) -> Any:
+        try:
+            return await _bounded(
+                functools.partial(client.execute_command, *args, target_nodes=node)
+            )
+        except rexc.ResponseError as exc:
+            return exc
+
+    if isinstance(ping := await run("PING"), Exception):
+        raise ping
+    hello = await run("HELLO")
+    version = None if isinstance(hello, Exception) else _version_of(hello)
+    if version is None:
+        info = await run("INFO", "server")
+        if not isinstance(info, Exception):
+            version = _version(info.get("redis_version", "0"))
+    _check_version(version, where=f" (node {node.name})")
+    if eviction:
+        _check_eviction(client, await run("CONFIG", "GET", "maxmemory-policy"))
+
+
+def _check_version(version: tuple[int, int] | None, *, where: str) -> None:
+    if version is not None and version < (7, 0):
+        raise ConfigurationError(
+            f"aiogroupq needs Redis >= 7.0 or Valkey >= 7.2 (script flags); "
+            f"this server{where} is {'.'.join(map(str, version))}"
+        )
+
+
+async def _probe(client: Redis, *, eviction: bool) -> list[Any]:
+    async with client.pipeline(transaction=False) as pipe:
+        pipe.ping()
+        # Without arguments HELLO switches nothing: it reports the server.
+        hello: Any = pipe.execute_command
+        hello("HELLO")
+        if eviction:
+            pipe.config_get("maxmemory-policy")
+        replies: list[Any] = await pipe.execute(raise_on_error=False)
+        return replies
+
+
+async def _bounded(call: Callable[[], Awaitable[T]]) -> T:
+    # The consumer's own client neither bounds nor re-sends its calls (it
+    # retries at its own layer), so its start-up checks are bounded here, and
+    # tried again while connections are refused or dropped: a consumer
+    # started during a Redis restart waits for it, as a producer's call does.
+    wait, detail = 0.05, "no reply"
+    with anyio.move_on_after(CALL_BUDGET):
+        while True:
+            try:
+                return await call()
+            except (rexc.ConnectionError, rexc.TimeoutError) as exc:
+                if isinstance(exc, _NOT_TRANSIENT):
+                    raise
+                detail = str(exc) or type(exc).__name__
+            await anyio.sleep(wait)
+            wait = min(wait * 2, 1.0)
+    raise RedisUnavailableError(
+        f"no answer from Redis within {CALL_BUDGET:g} s ({detail})"
+    )
+
+
+def _version(text: object) -> tuple[int, int] | None:
+    raw = text.decode() if isinstance(text, bytes) else str(text)
+    major, _, rest = raw.partition(".")
+    minor = rest.partition(".")[0]
+    if not major.isdigit():
+        return None
+    return int(major), int(minor) if minor.isdigit() else 0
+
+
+def _hello_field(hello: Any, name: str) -> str | None:
+    """A field of a HELLO reply (a flat list in RESP2, a map in RESP3)."""
+    if isinstance(hello, list | tuple):
+        hello = dict(zip(hello[::2], hello[1::2], strict=False))
+    if isinstance(hello, dict):
+        for key in (name, name.encode()):
+            if key in hello:
+                value = hello[key]
+                return value.decode() if isinstance(value, bytes) else str(value)
+    return None
+
+
+def _version_of(hello: Any) -> tuple[int, int] | None:
+    """The server's (major, minor) from a HELLO reply, None without one."""
+    text = _hello_field(hello, "version")
+    return None if text is None else _version(text)
+
+
+async def _info_version(client: Redis) -> tuple[int, int] | None:
+    """The server's (major, minor) from INFO (HELLO refused: Redis < 6, or
+    an ACL without it); None if no command may tell it."""
+    try:
+        info: Any = await _bounded(functools.partial(client.info, "server"))
+    except rexc.ResponseError:
+        logger.warning(
+            "could not read the server's version (HELLO and INFO refused); "
+            "aiogroupq needs Redis >= 7.0 or Valkey >= 7.2"
+        )
+        return None
+    return _version(info.get("redis_version", "0"))
+
+
+def _check_eviction(client: Client, reply: Any) -> None:
+    if isinstance(reply, rexc.ResponseError):
+        # CONFIG is denied to least-privilege users and renamed or disabled on
+        # managed services: say so (once per start), and trust the operator.
+        logger.warning(
+            "could not read maxmemory-policy of Redis at %s (%s); make sure it "
+            "is 'noeviction', or Redis may evict queued tasks under memory "
+            "pressure (allow_eviction=True skips this check)",
+            _describe(client),
+            reply,
+        )
+        return
+    if isinstance(reply, Exception):
+        raise reply
+    if isinstance(reply, list | tuple):  # a cluster node's raw reply (redis-py 5)
+        reply = dict(zip(reply[::2], reply[1::2], strict=False))
+    value = reply.get("maxmemory-policy", reply.get(b"maxmemory-policy", b""))
+    policy = value.decode() if isinstance(value, bytes) else str(value)
+    if policy and policy != "noeviction":
+        raise ConfigurationError(
+            f"Redis maxmemory-policy is {policy!r}: under memory pressure Redis "
+            "would evict queue keys (tasks, group locks, parked lists), losing "
+            "acknowledged tasks and breaking group order. Set it to "
+            "'noeviction' (CONFIG SET maxmemory-policy noeviction, and in "
+            "redis.conf), or pass allow_eviction=True to accept the risk"
+        )
+
+
+def _describe(client: Client) -> str:
+    """host:port/db (or the socket path) of *client*, without credentials."""
+    if isinstance(client, RedisCluster):
+        return "the Redis Cluster"
+    kw = _connection_kwargs(client)
+    where = kw.get("path") or f"{kw.get('host', 'localhost')}:{kw.get('port', 6379)}"
+    return f"{where}/{kw.get('db', 0)}"
+
+
+async def check_replicas(client: Client) -> None:
+    """For ``durability="replicated"``: refuse a primary without any replica
+    (every write would then be refused as not replicated). An ``INFO`` the
+    user may not run only logs a warning.
+
+    :raises ConfigurationError: for a primary with no replica connected
+    """
+    with translated_errors():
+        if isinstance(client, RedisCluster):
+            await _bounded(client.initialize)
+            targets: list[ClusterNode | None] = list(client.get_primaries())
+        else:
+            targets = [None]
+        for node in targets:
+            try:
+                if node is None:
+                    info: Any = await _bounded(
+                        functools.partial(client.info, "replication")
+                    )
+                else:
+                    assert isinstance(client, RedisCluster)
+                    info = await _bounded(
+                        functools.partial(
+                            client.execute_command,
+                            "INFO",
+                            "replication",
+                            target_nodes=node,
+                        )
+                    )
+            except rexc.ResponseError as exc:
+                logger.warning(
+                    "could not read how many replicas Redis has (%s); "
+                    "durability='replicated' needs one per primary",
+                    exc,
+                )
+                return
+            if int(info.get("connected_slaves", 0)) < 1:
+                where = _describe(client) if node is None else node.name
+                raise ConfigurationError(
+                    f"durability='replicated' needs a replica, and the primary "
+                    f"at {where} has none connected: every write would be "
+                    "refused as not replicated"
+                )
+
+
+def node_of(client: Client, key: str) -> dict[str, Any]:
+    """Keyword arguments that send a keyless command (``TIME``, ``SCAN``)
+    to the server holding *key*: none for a single server."""
+    if isinstance(client, RedisCluster):
+        return {"target_nodes": client.get_node_from_key(key)}
+    return {}

@@ -1,0 +1,18 @@
+"""The defaults and caps both roles and the checks share (one place, so a
+consumer, the check and a producer never disagree)."""
+
+from __future__ import annotations
+
+from typing import Final
+
+#: default ``max_payload_bytes``: 512 KiB of encoded MessagePack
+DEFAULT_MAX_PAYLOAD_BYTES: Final = 512 * 1024
+#: default ``max_attempts`` of a task
+DEFAULT_MAX_ATTEMPTS: Final = 3
+#: default deduplication window in seconds (SQS FIFO's)
+DEFAULT_DEDUP_WINDOW: Final = 300.0
+#: default retention of succeeded and cancelled tasks' states, in seconds
+DEFAULT_RETENTION: Final = 3600.0
+#: most tasks one ``enqueue_many`` call takes: one atomic script call stays
+#: around 10 ms of Redis time
+MAX_BATCH: Final = 1000

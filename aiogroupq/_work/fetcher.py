@@ -1,0 +1,298 @@
+"""Claiming: one fetcher per partition of the queue, sharing the consumer's
+free handler slots.
+
+Each fetcher blocks on its own partition's wake list (``BLPOP`` cannot span
+cluster slots, so one connection each), claims with ``claim.lua`` whenever it
+is woken, and hands what it claimed to the consumer's workers. The free slots
+are a :class:`SlotPool`: a fetcher reserves slots before it claims (so that
+fetchers claiming at once never hand out more tasks than there are slots),
+gives back what it did not fill, and waits its turn when there are none: the
+fetcher that waited longest is served first, so a partition with a deep
+backlog cannot starve the others.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+import anyio
+
+from .._store import scripts as _scripts
+from .._store.connection import REDIS_FAILURES, socket_timeout
+from ..errors import QueueFullError
+from .runner import Running
+
+if TYPE_CHECKING:
+    from anyio.abc import TaskStatus
+    from anyio.streams.memory import MemoryObjectSendStream
+
+    from .._store.connection import Client
+    from .._store.keys import QueueKeys
+
+logger = logging.getLogger("aiogroupq.consumer")
+
+#: longest a fetcher blocks on the wake list before it claims anyway
+MAX_BLOCK: Final = 1.0
+#: slack for the server's cron tick, on which blocking pops time out
+_SERVER_TICK: Final = 0.25
+#: Redis errors after which the fetcher backs off and tries again
+_BACKOFF_FIRST, _BACKOFF_MAX = 0.05, 5.0
+
+
+class SlotPool:
+    """A consumer's free handler slots, handed to its fetchers in turn."""
+
+    def __init__(self, free: int) -> None:
+        self.free = free
+        self.closed = False
+        self._waiters: deque[anyio.Event] = deque()
+
+    async def take(self, most: int) -> int:
+        """Reserve between 1 and *most* slots, waiting for one to be free and
+        for the fetchers that asked earlier; 0 once the pool is closed."""
+        if self._is_closed():
+            return 0
+        if self.free > 0 and not self._waiters:
+            return self._grab(most)
+        event = anyio.Event()
+        self._waiters.append(event)
+        try:
+            await event.wait()
+        except BaseException:
+            self._waiters.remove(event)
+            self._pass_on()  # it may have been this one's turn
+            raise
+        self._waiters.remove(event)
+        if self._is_closed():
+            return 0
+        return self._grab(most)
+
+    def give(self, n: int) -> None:
+        """Return *n* slots (a task ended, or a claim filled fewer)."""
+        self.free += n
+        self._pass_on()
+
+    def close(self) -> None:
+        """Stop handing out slots: every waiting and later take gets 0."""
+        self.closed = True
+        for event in self._waiters:
+            event.set()
+
+    def _is_closed(self) -> bool:
+        return self.closed
+
+    def _grab(self, most: int) -> int:
+        n = min(self.free, most)
+        self.free -= n
+        self._pass_on()
+        return n
+
+    def _pass_on(self) -> None:
+        if self.free > 0 and self._waiters and not self._waiters[0].is_set():
+            self._waiters[0].set()
+
+
+@dataclass(slots=True)
+class FetchContext:
+    """What the fetchers of one consumer share."""
+
+    name: str
+    queue: str
+    lease_ttl: float
+    retention_ms: int
+    claim_batch: int
+    replication: _scripts.Replication | None
+    slots: SlotPool
+    running: dict[str, Running]
+    counts: dict[str, int]
+    #: tasks a script dead-lettered on its own (for on_dead)
+    dead_elsewhere: Callable[[Client, Sequence[str]], None]
+    #: tasks a claim ended expired (for their events)
+    expired: Callable[[Sequence[str]], None]
+    #: claimed tasks to hand back unstarted (a claim no replica acknowledged)
+    hand_back: Callable[[Running], None]
+
+    def local_lease(self) -> float:
+        """Seconds a claim or heartbeat keeps a handler running."""
+        return local_lease(self.lease_ttl)
+
+
+def local_lease(lease_ttl: float) -> float:
+    """Seconds a claim or heartbeat keeps a handler running: a little less
+    than the lease, so that it stops before the server recovers the task."""
+    return lease_ttl - min(1.0, lease_ttl * 0.1)
+
+
+class Fetcher:
+    """Claims from one partition until the pool closes or :meth:`retire`."""
+
+    def __init__(self, ctx: FetchContext, keys: QueueKeys) -> None:
+        self.ctx = ctx
+        self.keys = keys
+        self.retired = False
+        self._block_scope: anyio.CancelScope | None = None
+
+    def wake(self) -> None:
+        """Cut a blocking wait short (stopping, or retiring)."""
+        if self._block_scope is not None:
+            self._block_scope.cancel()
+
+    def retire(self) -> None:
+        """Stop after the current claim (the partition left the layout)."""
+        self.retired = True
+        self.wake()
+
+    async def run(
+        self,
+        client: Client,
+        send: MemoryObjectSendStream[Running],
+        *,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        ctx, keys = self.ctx, self.keys
+        block_cap = MAX_BLOCK
+        if (limit := socket_timeout(client)) is not None:
+            # A blocking pop longer than the socket timeout would be cut off.
+            block_cap = max(0.05, min(MAX_BLOCK, limit - 0.5, limit / 2))
+        lease_ms = round(ctx.lease_ttl * 1000)
+        backoff = _BACKOFF_FIRST
+        # A previous incarnation with our name may have died holding tasks:
+        # they go back to the front of their groups now, not at lease expiry.
+        reconcile: bool | None = True
+        task_status.started()
+        async with send:
+            while not ctx.slots.closed and not self.retired:
+                if reconcile is not None:
+                    try:
+                        given_back, dead = await _scripts.recover(
+                            client,
+                            keys,
+                            ctx.name,
+                            counted=reconcile,
+                            retention_ms=ctx.retention_ms,
+                            keep=[i for i in ctx.running if keys.owns(i)],
+                        )
+                    except REDIS_FAILURES as exc:
+                        logger.warning(
+                            "recovery failed (%s); retrying in %.2fs", exc, backoff
+                        )
+                        await self._block(None, backoff)
+                        backoff = min(backoff * 2, _BACKOFF_MAX)
+                        continue
+                    ctx.dead_elsewhere(client, dead)
+                    if given_back:
+                        logger.warning(
+                            "consumer %s gave back %d tasks it held but was not "
+                            "running (%s)",
+                            ctx.name,
+                            given_back,
+                            "previous incarnation" if reconcile else "lost reply",
+                        )
+                    reconcile = None
+                k = await ctx.slots.take(ctx.claim_batch)
+                if k == 0:
+                    continue  # closed
+                sent_at = anyio.current_time()
+                try:
+                    reply = await _scripts.claim(
+                        client,
+                        keys,
+                        ctx.name,
+                        k=k,
+                        lease_ms=lease_ms,
+                        scan_limit=k + 64,
+                        retention_ms=ctx.retention_ms,
+                        replication=ctx.replication,
+                    )
+                except (*REDIS_FAILURES, QueueFullError) as exc:
+                    ctx.slots.give(k)
+                    # QueueFullError: Redis is out of memory and refused the
+                    # claim before it ran; work in flight can still finish.
+                    logger.warning("claim failed (%s); retrying in %.2fs", exc, backoff)
+                    # The script may have run and its reply been lost: what it
+                    # claimed sits in our recovery key; give it back first.
+                    reconcile = False
+                    await self._block(None, backoff)
+                    backoff = min(backoff * 2, _BACKOFF_MAX)
+                    continue
+                ctx.slots.give(k - len(reply.tasks))
+                backoff = _BACKOFF_FIRST
+                for problem in reply.problems:
+                    logger.error(
+                        "damaged key in queue %r: %s; run 'aiogroupq check --repair'",
+                        ctx.queue,
+                        problem,
+                    )
+                ctx.dead_elsewhere(client, reply.dead)
+                if reply.expired:
+                    ctx.expired(reply.expired)
+                deadline = sent_at + ctx.local_lease()
+                for claimed in reply.tasks:
+                    running = Running(claimed)
+                    running.lease_scope.deadline = deadline
+                    ctx.running[claimed.id] = running
+                    if reply.replicated:
+                        send.send_nowait(running)
+                    else:
+                        ctx.hand_back(running)
+                ctx.counts["claimed"] += len(reply.tasks)
+                if not reply.replicated:
+                    ctx.slots.give(len(reply.tasks))
+                    # Not started: a failover now could lose the claim, and
+                    # the task would run twice at once. Wait for a replica.
+                    logger.warning(
+                        "no replica acknowledged a claim of %d tasks in time; "
+                        "handed back unstarted, retrying in %.2fs",
+                        len(reply.tasks),
+                        backoff,
+                    )
+                    await self._block(None, backoff)
+                    backoff = min(backoff * 2, _BACKOFF_MAX)
+                    continue
+                if len(reply.tasks) == k or reply.more:
+                    continue
+                # A pop ends up to a server tick (~100 ms) after its timeout:
+                # a task due within a tick past the cap gets the timer too.
+                due = 0 <= reply.wait_ms < (block_cap + _SERVER_TICK) * 1000
+                timeout = reply.wait_ms / 1000 if due else block_cap
+                await self._block(client, timeout, due=due)
+
+    async def _block(
+        self, client: Client | None, timeout: float, *, due: bool = False
+    ) -> None:
+        """Wait up to *timeout* for a wake token (or just sleep without client).
+
+        With *due*, a delayed task falls due when *timeout* ends. The server
+        ends blocking pops on its cron tick (10 per second by default), too
+        coarse for that, so a local timer pushes a token at the precise time.
+        """
+        with anyio.CancelScope() as scope:
+            self._block_scope = scope
+            if self.ctx.slots.closed or self.retired:
+                scope.cancel()
+            if client is None:
+                await anyio.sleep(timeout)
+                return
+            async with anyio.create_task_group() as tg:
+                if due:
+                    tg.start_soon(self._poke, client, timeout)
+                try:
+                    await client.blpop(
+                        [self.keys.wake], timeout=max(timeout, 0.01) + 0.1
+                    )
+                except REDIS_FAILURES as exc:
+                    logger.warning("waiting for work failed (%s)", exc)
+                    await anyio.sleep(_BACKOFF_FIRST)
+                tg.cancel_scope.cancel()
+        self._block_scope = None
+
+    async def _poke(self, client: Client, delay: float) -> None:
+        await anyio.sleep(delay)
+        # On failure the pop's own timeout wakes us a little later.
+        with contextlib.suppress(*REDIS_FAILURES):
+            await client.rpush(self.keys.wake, "1")

@@ -1,0 +1,121 @@
+"""Sends attempt outcomes to Redis in batches: one ``finish.lua`` call per batch.
+
+Handlers hand their outcome over without waiting; while one batch is in
+flight, the next one gathers, so the batch size adapts to the load with no
+added delay. A batch whose reply was lost is sent again: ``finish.lua`` is
+idempotent per fencing token.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Final
+
+import anyio
+
+from .._store import scripts as _scripts
+from .._store.connection import REDIS_FAILURES
+
+if TYPE_CHECKING:
+    from .._store.connection import Client
+    from .._store.keys import QueueKeys
+    from .._store.partition import Partitions
+
+logger = logging.getLogger("aiogroupq.consumer")  # it records consumers' outcomes
+
+MAX_BATCH: Final = 256
+
+Callback = Callable[[_scripts.Outcome, int], None]
+
+
+class Finisher:
+    """Batches outcomes; ``on_done(outcome, code)`` runs once each is applied."""
+
+    def __init__(
+        self,
+        client: Client,
+        parts: Partitions,
+        *,
+        retention_ms: int,
+        on_done: Callback,
+    ) -> None:
+        self._client = client
+        self._parts = parts
+        self._retention_ms = retention_ms
+        self._on_done = on_done
+        self._pending: list[_scripts.Outcome] = []
+        self._wakeup = anyio.Event()
+        # run() and close() may both send; one batch at a time keeps each
+        # outcome reported once.
+        self._sending = anyio.Lock()
+
+    def submit(self, outcome: _scripts.Outcome) -> None:
+        """Queue *outcome* (never blocks)."""
+        self._pending.append(outcome)
+        self._wakeup.set()
+
+    async def _send_batch(self) -> bool:
+        """Send the oldest pending batch, one call per partition it spans;
+        False if Redis failed for a partition (its outcomes stay pending)."""
+        async with self._sending:
+            batch = self._pending[:MAX_BATCH]
+            if not batch:
+                return True
+            parts: dict[QueueKeys, list[_scripts.Outcome]] = {}
+            for outcome in batch:
+                parts.setdefault(self._parts.of_id(outcome.id), []).append(outcome)
+            done: list[tuple[_scripts.Outcome, int]] = []
+            failed: list[_scripts.Outcome] = []
+
+            async def send(keys: QueueKeys, outcomes: list[_scripts.Outcome]) -> None:
+                try:
+                    codes = await _scripts.finish(
+                        self._client, keys, outcomes, retention_ms=self._retention_ms
+                    )
+                except REDIS_FAILURES as exc:
+                    logger.warning(
+                        "could not record %d outcomes (%s)", len(outcomes), exc
+                    )
+                    failed.extend(outcomes)
+                    return
+                done.extend(zip(outcomes, codes, strict=True))
+
+            # The batch stays pending until it is recorded (close() waits for
+            # it); cancelled on the way, it is sent again, and a re-sent
+            # outcome is recognised by its token.
+            if len(parts) == 1:
+                await send(*next(iter(parts.items())))
+            else:
+                async with anyio.create_task_group() as tg:
+                    for keys, outcomes in parts.items():
+                        tg.start_soon(send, keys, outcomes)
+            del self._pending[: len(batch)]
+            self._pending[:0] = failed
+        for outcome, code in done:
+            self._on_done(outcome, code)
+        return not failed
+
+    async def run(self) -> None:
+        """Send batches as outcomes arrive, until cancelled."""
+        backoff = 0.05
+        while True:
+            if not self._pending:
+                await self._wakeup.wait()
+                self._wakeup = anyio.Event()
+                continue
+            if await self._send_batch():
+                backoff = 0.05
+            else:
+                await anyio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+
+    async def close(self, timeout: float) -> int:
+        """Send what is pending within *timeout*, whether or not :meth:`run`
+        is still alive (it is cancelled with its task group when the block
+        around the consumer is); return how many outcomes were left."""
+        with anyio.move_on_after(timeout):
+            while self._pending:
+                if not await self._send_batch():
+                    await anyio.sleep(0.1)
+        return len(self._pending)

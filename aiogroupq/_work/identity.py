@@ -1,0 +1,102 @@
+"""An explicit consumer name is held by one live process at a time.
+
+Two live consumers sharing a name would give back each other's tasks at start
+(the restart path), letting a group run twice at once. The name is a key
+renewed with the heartbeats; a process restarted on the same host takes it
+over at once when the previous holder's pid is gone, else it waits for the
+hold to lapse.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+from typing import TYPE_CHECKING
+
+import anyio
+
+from .._store import scripts as _scripts
+from ..errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from .._store.connection import Client
+    from .._store.keys import QueueKeys
+
+logger = logging.getLogger("aiogroupq.consumer")
+
+
+class Identity:
+    """Our hold on an explicit consumer name."""
+
+    def __init__(self, keys: QueueKeys, name: str, ttl: float) -> None:
+        self._keys = keys
+        self._name = name
+        self._ttl_ms = max(1000, round(ttl * 1000))
+        self._me = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+    async def acquire(self, client: Client) -> None:
+        """Hold the name, waiting at most one hold's length for another holder.
+
+        :raises ConfigurationError: if a live process keeps holding it
+        """
+        with anyio.move_on_after(self._ttl_ms / 1000 * 1.5):
+            while holder := await self._run(client, "take"):
+                if _dead_here(holder) and not await self._run(client, "force", holder):
+                    logger.info(
+                        "consumer name %r taken over from dead process %s",
+                        self._name,
+                        holder,
+                    )
+                    return
+                logger.warning(
+                    "consumer name %r is held by %s; waiting for it to lapse",
+                    self._name,
+                    holder,
+                )
+                await anyio.sleep(self._ttl_ms / 10_000)
+            return
+        raise ConfigurationError(
+            f"another live consumer is named {self._name!r}: two consumers must "
+            "never share a name (leave name=None for a unique one)"
+        )
+
+    async def renew(self, client: Client) -> None:
+        """Extend the hold (called with every heartbeat)."""
+        if holder := await self._run(client, "renew"):
+            logger.warning(
+                "consumer name %r passed to %s while we were silent",
+                self._name,
+                holder,
+            )
+
+    async def release(self, client: Client) -> None:
+        """Let the name go."""
+        await self._run(client, "drop")
+
+    async def _run(self, client: Client, op: str, dead_holder: str = "") -> str:
+        return await _scripts.identity(
+            client, self._keys, self._name, op, self._me, self._ttl_ms, dead_holder
+        )
+
+
+def _dead_here(holder: str) -> bool:
+    """True if *holder* ran on this host and its process is gone."""
+    parts = holder.split(":")
+    if len(parts) < 3 or not parts[-2].isdigit():
+        return False
+    host, pid = ":".join(parts[:-2]), int(parts[-2])
+    if host != socket.gethostname():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # alive, another user's
+    try:  # a killed child its parent has not reaped yet is a zombie: dead
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            return stat.read().rpartition(")")[2].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False

@@ -1,0 +1,477 @@
+"""One claimed task's life on a consumer: decode, run the handler under its
+lease and timeout, and turn what happened into an outcome for ``finish.lua``."""
+
+from __future__ import annotations
+
+import logging
+import random
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import TYPE_CHECKING, Final
+
+import anyio
+
+from .._store.codec import EncodeFailure, describe_decode_error, encode_payload, unpack
+from .._store.scripts import Claimed, Outcome
+from .._telemetry.events import EventKind, Observers
+from .._telemetry.log import describe, short, task_extra
+from ..errors import Retry
+from ..task import DeadLetter, Envelope, TaskInfo, _current
+
+if TYPE_CHECKING:
+    from .handlers import Route
+
+logger = logging.getLogger("aiogroupq.consumer")
+
+#: longest traceback kept with a dead letter, in characters
+MAX_TRACEBACK: Final = 16_000
+#: what an envelope adds to its payload at most: a 28-character id, a task
+#: type and a group of at most 256 bytes each, a few integers, headers
+ENVELOPE_OVERHEAD: Final = 1024
+
+
+@dataclass(eq=False)
+class Running:
+    """A task this consumer holds, from claim until its outcome is recorded."""
+
+    claimed: Claimed
+    # Cancelled by the heartbeat when the lease is lost or a cancellation is
+    # requested; its deadline is the local lease deadline, so a consumer that
+    # cannot renew its leases stops by itself.
+    lease_scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    lost: bool = False
+    cancel_requested: bool = False
+    # What the handler sees, once the envelope decoded (for logs and events).
+    info: TaskInfo | None = None
+    # The frame that awaits the handler, while it runs: the watchdog looks
+    # for it on a stalled loop's stack.
+    frame: FrameType | None = None
+    # Seconds the handler ran, once it ended.
+    duration: float | None = None
+
+    def describe(self) -> str:
+        """``task <id> (type …, group …, attempt n of m)``, as known."""
+        info = self.info
+        if info is None:
+            return describe(self.claimed.id, None, None, self.claimed.attempt)
+        return describe(info.id, info.type, info.group, info.attempt, info.max_attempts)
+
+    def extra(self, queue: str) -> dict[str, object]:
+        """The extra fields of a log record about this task."""
+        info = self.info
+        return task_extra(
+            queue,
+            self.claimed.id,
+            info.type if info else None,
+            info.group if info else None,
+            self.claimed.attempt,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Exponential backoff with jitter: ``base * 2**(attempt-1)``, capped, times
+    a random factor in [0.5, 1]."""
+
+    base: float
+    cap: float
+
+    def delay(self, attempt: int) -> float:
+        """Seconds to wait after failed attempt number *attempt*."""
+        growth: float = 2.0 ** min(attempt - 1, 60)
+        return min(self.cap, self.base * growth) * (0.5 + random.random() / 2)
+
+
+Submit = Callable[[Outcome, DeadLetter | None], None]
+
+
+def _reason(exc: BaseException) -> str:
+    return f"{type(exc).__qualname__}: {exc}"
+
+
+def _trace(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(exc))[-MAX_TRACEBACK:]
+
+
+class _Attempt:
+    """Builds the outcome of one attempt."""
+
+    def __init__(self, running: Running, submit: Submit, observers: Observers) -> None:
+        self.running = running
+        self.claimed = running.claimed
+        self._submit = submit
+        self.observers = observers
+        self.envelope: Envelope | None = None
+        self.sent = False  # an outcome was submitted for this attempt
+
+    def submit(self, outcome: Outcome, notice: DeadLetter | None) -> None:
+        self.sent = True
+        self._submit(outcome, notice)
+
+    def about(self) -> str:
+        """The task as log messages name it."""
+        envelope, claimed = self.envelope, self.claimed
+        if envelope is None:
+            return describe(claimed.id, None, None, claimed.attempt)
+        return describe(
+            claimed.id,
+            envelope.type,
+            envelope.group,
+            claimed.attempt,
+            claimed.max_attempts or envelope.max_attempts,
+        )
+
+    def extra(self) -> dict[str, object]:
+        envelope = self.envelope
+        return task_extra(
+            self.observers.queue,
+            self.claimed.id,
+            envelope.type if envelope else None,
+            envelope.group if envelope else None,
+            self.claimed.attempt,
+        )
+
+    def outcome(self, kind: str, arg1: str | int | bytes = "", arg2: str = "") -> None:
+        self.submit(
+            Outcome(self.claimed.id, self.claimed.token, kind, arg1, arg2), None
+        )
+
+    def dead(self, reason: str, trace: str = "", *, halt: bool = False) -> None:
+        """Dead-letter the task (the group halts behind it with *halt*)."""
+        claimed, envelope = self.claimed, self.envelope
+        notice = DeadLetter(
+            id=claimed.id,
+            type=envelope.type if envelope else "?",
+            group=envelope.group if envelope else None,
+            payload=None,
+            reason=reason,
+            traceback=trace,
+            attempts=claimed.attempt,
+            dead_at=0.0,
+        )
+        kind = "halt" if halt and envelope and envelope.group else "dead"
+        self.submit(Outcome(claimed.id, claimed.token, kind, reason, trace), notice)
+
+    def too_large(self, size: int, what: str, limit: int) -> None:
+        """Dead-letter a task too large to decode (never halts: the size
+        limit is the consumer's, not the task type's)."""
+        logger.error(
+            "%s is too large: %s of %d bytes, over the consumer's limit; dead-lettered",
+            self.about(),
+            what,
+            size,
+            extra=self.extra(),
+        )
+        allowed = f"{limit}" if what == "payload" else f"{limit} + {ENVELOPE_OVERHEAD}"
+        self.dead(
+            f"PayloadTooLarge: the stored {what} is {size} bytes, over the "
+            f"{allowed} bytes this consumer's max_payload_bytes allows (raise "
+            "Consumer(max_payload_bytes=...) to match the producer's)"
+        )
+
+    def failed(
+        self,
+        route: Route,
+        default: RetryPolicy,
+        exc: BaseException,
+        *,
+        delay: float | None,
+    ) -> None:
+        """Retry per the policy, or dead-letter on the last attempt."""
+        envelope, claimed, options = self.envelope, self.claimed, route.options
+        assert envelope is not None
+        halt = options.on_dead == "halt"
+        if not isinstance(exc, Retry):
+            self.observers.emit(
+                EventKind.FAILED,
+                task_id=claimed.id,
+                task_type=envelope.type,
+                group=envelope.group,
+                attempt=claimed.attempt,
+                duration=self.running.duration,
+                error=exc,
+            )
+        if isinstance(exc, options.no_retry):
+            logger.error(
+                "%s failed with %s, which is not retried; dead-lettered",
+                self.about(),
+                _reason(exc),
+                exc_info=exc,
+                extra=self.extra(),
+            )
+            self.dead(_reason(exc), _trace(exc), halt=halt)
+            return
+        max_attempts = claimed.max_attempts or envelope.max_attempts
+        if claimed.attempt >= max_attempts:
+            retry = isinstance(exc, Retry)
+            logger.error(
+                "%s failed on its last attempt with %s; dead-lettered",
+                self.about(),
+                "a Retry request" if retry else _reason(exc),
+                exc_info=None if retry else exc,
+                extra=self.extra(),
+            )
+            reason = "Retry requested on the last attempt" if retry else _reason(exc)
+            self.dead(reason, "" if retry else _trace(exc), halt=halt)
+            return
+        if delay is None:
+            policy = RetryPolicy(
+                default.base
+                if options.retry_backoff is None
+                else options.retry_backoff,
+                default.cap
+                if options.retry_backoff_max is None
+                else options.retry_backoff_max,
+            )
+            delay = policy.delay(claimed.attempt)
+        if isinstance(exc, Retry):
+            logger.warning(
+                "%s asked to retry in %.3fs",
+                self.about(),
+                delay,
+                extra=self.extra(),
+            )
+        else:
+            logger.warning(
+                "%s failed with %s; retrying in %.3fs",
+                self.about(),
+                _reason(exc),
+                delay,
+                exc_info=exc,
+                extra=self.extra(),
+            )
+        self.outcome("retry", max(0, round(delay * 1000)), _reason(exc))
+
+
+async def run_task(
+    running: Running,
+    routes: dict[str, Route],
+    policy: RetryPolicy,
+    submit: Submit,
+    *,
+    max_payload_bytes: int,
+    observers: Observers | None = None,
+) -> None:
+    """Run one claimed task and submit its outcome.
+
+    Never raises for anything the task does or holds, except the cancellation
+    of the consumer itself (shutdown), after handing the task back: whatever
+    its stored bytes are, the task gets an outcome and the consumer goes on.
+    """
+    attempt = _Attempt(
+        running, submit, Observers("") if observers is None else observers
+    )
+    try:
+        await _run(attempt, running, routes, policy, max_payload_bytes)
+    except Exception as exc:
+        # A bug of ours, met by this task only: fail the task, not the
+        # consumer (a crash would come back on every claim of it).
+        logger.exception(
+            "internal error while running %s",
+            attempt.about(),
+            extra=attempt.extra(),
+        )
+        if not attempt.sent:
+            attempt.dead(f"InternalError: {_reason(exc)}", _trace(exc))
+
+
+def _out_of_range(envelope: Envelope) -> str:
+    """What a producer never writes but well-formed bytes can hold ("" if
+    nothing): the attempt logic relies on these bounds."""
+    if envelope.max_attempts < 1:
+        return f"max_attempts is {envelope.max_attempts}, not >= 1"
+    if envelope.timeout_ms is not None and envelope.timeout_ms < 1:
+        return f"timeout_ms is {envelope.timeout_ms}, not >= 1"
+    return ""
+
+
+async def _run(
+    attempt: _Attempt,
+    running: Running,
+    routes: dict[str, Route],
+    policy: RetryPolicy,
+    max_payload_bytes: int,
+) -> None:
+    claimed = running.claimed
+    # Checked before decoding: decoding cost grows with size.
+    if len(claimed.envelope) > max_payload_bytes + ENVELOPE_OVERHEAD:
+        attempt.too_large(len(claimed.envelope), "envelope", max_payload_bytes)
+        return
+    try:
+        envelope = attempt.envelope = unpack(claimed.envelope)
+    except Exception as exc:  # noqa: BLE001 - any bytes at all may be stored
+        detail = describe_decode_error(exc)
+        logger.error(
+            "%s has a corrupt envelope: %s; dead-lettered",
+            attempt.about(),
+            detail,
+            extra=attempt.extra(),
+        )
+        attempt.dead(f"CorruptEnvelope: {detail}")
+        return
+    if len(envelope.payload) > max_payload_bytes:
+        attempt.too_large(len(envelope.payload), "payload", max_payload_bytes)
+        return
+    if problem := _out_of_range(envelope):
+        logger.error(
+            "%s has a corrupt envelope: %s; dead-lettered",
+            attempt.about(),
+            problem,
+            extra=attempt.extra(),
+        )
+        attempt.dead(f"CorruptEnvelope: {problem}")
+        return
+    route = routes.get(envelope.type)
+    if route is None:
+        logger.error(
+            "%s has no handler here; dead-lettered",
+            attempt.about(),
+            extra=attempt.extra(),
+        )
+        attempt.dead(
+            f"UnknownTaskType: no handler for task type {short(envelope.type)}; "
+            f"this consumer handles {sorted(routes)!r}"
+        )
+        return
+    try:
+        payload = route.decoder.decode(envelope.payload)
+    except Exception as exc:  # noqa: BLE001 - also a dataclass's __post_init__
+        detail = describe_decode_error(exc)
+        logger.error(
+            "payload of %s does not decode into %s: %s; dead-lettered",
+            attempt.about(),
+            route.describe_type(),
+            detail,
+            extra=attempt.extra(),
+        )
+        attempt.dead(
+            f"InvalidPayload: payload does not decode into {route.describe_type()}: "
+            f"{detail}",
+            halt=route.options.on_dead == "halt",
+        )
+        return
+
+    if anyio.current_time() >= running.lease_scope.deadline:
+        # The claim's reply came too late (a Redis stall): the lease may be
+        # gone already. The handler never ran, so no attempt is counted; if
+        # the task was recovered meanwhile, this hand-back is refused.
+        attempt.outcome("back")
+        return
+    timeout = (
+        route.options.timeout
+        if envelope.timeout_ms is None
+        else envelope.timeout_ms / 1000
+    )
+    info = running.info = TaskInfo(
+        id=claimed.id,
+        type=envelope.type,
+        group=envelope.group,
+        attempt=claimed.attempt,
+        # The hash's count, which recovery goes by too (the envelope's
+        # is what the producer wrote; they differ only if one was changed).
+        max_attempts=claimed.max_attempts or envelope.max_attempts,
+        fencing_token=claimed.token,
+        enqueued_at=envelope.enqueued_ms / 1000,
+        started_at=claimed.claimed_ms / 1000,
+        due_at=claimed.due_ms / 1000,
+        headers=envelope.headers or {},
+    )
+    observers = attempt.observers
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug("%s started", attempt.about(), extra=attempt.extra())
+    if observers:
+        observers.emit(
+            EventKind.STARTED,
+            task_id=claimed.id,
+            task_type=envelope.type,
+            group=envelope.group,
+            attempt=claimed.attempt,
+            # Both on the server's clock; 0 when an older server left it out.
+            latency=max(0.0, (claimed.claimed_ms - claimed.due_ms) / 1000)
+            if claimed.due_ms and claimed.claimed_ms
+            else None,
+        )
+    context_token = _current.set(info)
+    timed_out = False
+    running.frame = sys._getframe()
+    started = time.perf_counter()
+    try:
+        with (
+            running.lease_scope,
+            anyio.move_on_after(timeout) as timeout_scope,
+            observers.handler(info),
+        ):
+            if route.takes_payload:
+                result = await route.func(payload)
+            else:
+                result = await route.func()
+        timed_out = timeout_scope.cancelled_caught
+    except anyio.get_cancelled_exc_class():
+        # The consumer is shutting down past its grace period: the task did
+        # not finish, so it goes back to the front of its group, uncounted.
+        attempt.outcome("back")
+        raise
+    except Retry as exc:
+        running.duration = time.perf_counter() - started
+        attempt.failed(route, policy, exc, delay=exc.delay)
+        return
+    except Exception as exc:  # noqa: BLE001 - any handler error is an outcome
+        running.duration = time.perf_counter() - started
+        attempt.failed(route, policy, exc, delay=None)
+        return
+    finally:
+        running.frame = None
+        _current.reset(context_token)
+    running.duration = time.perf_counter() - started
+
+    if running.lease_scope.cancelled_caught:
+        if running.lost:
+            logger.warning(
+                "lease of %s was lost; its handler was cancelled and its "
+                "result is dropped",
+                attempt.about(),
+                extra=attempt.extra(),
+            )
+        elif running.cancel_requested:
+            logger.info(
+                "%s cancelled on request", attempt.about(), extra=attempt.extra()
+            )
+            attempt.outcome("cancel")
+        else:
+            # Our own lease deadline passed without a renewal: we may still
+            # hold the task, so count a failed attempt (refused if recovered).
+            stalled = TimeoutError("the lease could not be renewed in time")
+            attempt.failed(route, policy, stalled, delay=0.0)
+    elif timed_out:
+        late = TimeoutError(f"the attempt exceeded its timeout of {timeout}s")
+        attempt.failed(route, policy, late, delay=None)
+    elif route.options.store_result:
+        try:
+            encoded = encode_payload(result)
+        except EncodeFailure as exc:
+            logger.error(
+                "result of %s cannot be stored: %s; dead-lettered",
+                attempt.about(),
+                exc,
+                extra=attempt.extra(),
+            )
+            attempt.dead(
+                f"UnencodableResult: {exc}", halt=route.options.on_dead == "halt"
+            )
+        else:
+            _succeeded(attempt, running.duration)
+            attempt.outcome("ok", bytes(encoded))
+    else:
+        _succeeded(attempt, running.duration)
+        attempt.outcome("ok")
+
+
+def _succeeded(attempt: _Attempt, duration: float) -> None:
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug(
+            "%s succeeded in %.3fs", attempt.about(), duration, extra=attempt.extra()
+        )

