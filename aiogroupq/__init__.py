@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import logging
 
-from ._inspect.check import Problem as Problem, check_queue as check_queue
+from ._inspect.check import check_queue as check_queue
+from ._inspect.problems import Problem as Problem
 from ._inspect.repair import Repair as Repair, repair_queue as repair_queue
 from ._inspect.views import (
     ConsumerInfo as ConsumerInfo,

@@ -1,5 +1,6 @@
-"""Operating a queue: group and queue settings, pause and resume, and what
-the queue is doing (counts, groups, tasks, consumers)."""
+"""Operating a queue: group and queue settings, pause and resume, dead
+letters (list, requeue, purge, release a halted group), and what the queue
+is doing (counts, groups, tasks, consumers)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ __all__ = (
 )
 
 import math
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -38,19 +39,24 @@ from ._inspect.views import (
     TaskDetails,
 )
 from ._store import scripts as _scripts, validate as _validate
-from ._store.connection import (
-    RedisLike,
-    check_server,
-    open_client,
-    unavailable_as_error,
+from ._store.codec import dead_letter
+from ._store.connection import RedisLike, check_server, open_client
+from ._store.failures import unavailable_as_error
+from ._store.fanout import (
+    by_partition,
+    dead_letter_rows,
+    each_partition,
+    requeue_dead,
 )
-from ._store.fanout import each_partition
 from ._store.handle import QueueHandle
+from ._store.layout import refresh
+from ._store.queries import dead_ids
 from .errors import ConfigurationError, InvalidGroupError, TaskNotFoundError
 
 if TYPE_CHECKING:
     from ._store.keys import QueueKeys
-    from .task import TaskState
+    from ._store.partition import Partitions
+    from .task import DeadLetter
 
 #: most slots a group may have
 MAX_CONCURRENCY: Final = 10_000
@@ -133,11 +139,14 @@ class QueueSettings:
 
 
 class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
-    """Settings, pause and resume of one queue and its groups, and views of
-    what it is doing; use it as ``async with Admin(...) as admin``.
+    """Settings, pause and resume of one queue and its groups, its dead
+    letters, and views of what it is doing; use it as
+    ``async with Admin(...) as admin``.
 
     Settings live in Redis, so every producer and consumer of the queue
-    follows them at once. The views (:meth:`stats`, :meth:`group_info`,
+    follows them at once. Dead letters are listed (:meth:`dead_letters`),
+    run again (:meth:`requeue_dead`) or deleted (:meth:`purge_dead`), and a
+    group halted behind one goes on with :meth:`release_group`. The views (:meth:`stats`, :meth:`group_info`,
     :meth:`groups`, :meth:`task`, :meth:`position`, :meth:`consumers`) are
     each one read-only script per partition (after one read of the
     partition layout) over counters and indexes, never a scan of the queue.
@@ -166,6 +175,12 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
                 yield self
             finally:
                 self._client = None
+
+    async def _current(self) -> Partitions:
+        """The partitions, with the layout read again (another client may
+        have repartitioned the queue since we entered)."""
+        await refresh(self._open_client(), self._parts)
+        return self._parts
 
     # -- groups ---------------------------------------------------------------
 
@@ -437,16 +452,6 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
         return (await self.task(task_id)).position
 
     @unavailable_as_error
-    async def status_many(self, task_ids: Sequence[str]) -> list[TaskState | None]:
-        """The state of each task, ``None`` for an unknown id, in one round
-        trip (a pipeline of script calls of 500 ids each).
-
-        :raises CorruptTaskError: if a stored state is not a TaskState
-        """
-        ids = [_validate.task_id(t) for t in _observe.id_list(task_ids)]
-        return await _aggregate.statuses(self._open_client(), self._parts, ids)
-
-    @unavailable_as_error
     async def consumers(self, *, limit: int = 1000) -> list[ConsumerInfo]:
         """The registered consumers, live ones first (latest heartbeat first),
         then those gone silent in the last few leases.
@@ -455,6 +460,80 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
         """
         _check_int("limit", limit, 1, 100_000)
         return await _observe.consumer_list(self._open_client(), self._keys, limit)
+
+    # -- dead letters ---------------------------------------------------------
+
+    @unavailable_as_error
+    async def dead_letters(self, *, limit: int = 100) -> list[DeadLetter]:
+        """The oldest *limit* dead-lettered tasks of the queue, oldest first."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"limit must be an int >= 1, got {limit!r}")
+        rows = await dead_letter_rows(self._open_client(), await self._current(), limit)
+        return [dead_letter(row) for row in rows]
+
+    @unavailable_as_error
+    async def requeue_dead(self, *task_ids: str) -> int:
+        """Run dead-lettered tasks again, each at the front of its group with a
+        fresh set of attempts (a group halted by it resumes with it).
+
+        :return: how many of *task_ids* were dead and were requeued
+        """
+        ids = [_validate.task_id(t) for t in task_ids]
+        return await requeue_dead(self._open_client(), await self._current(), ids)
+
+    @unavailable_as_error
+    async def purge_dead(self, *task_ids: str, all: bool = False) -> int:
+        """Delete the given dead letters, or every one with ``all=True``.
+
+        With no ids and no ``all=True`` nothing is deleted: an id list that
+        happens to be empty must not wipe the queue's dead letters.
+        A group halted by a purged task passes on to its next task.
+
+        :param all: delete every dead letter of the queue (no ids then)
+        :return: how many dead letters were deleted
+        :raises ConfigurationError: for task ids together with ``all=True``
+        """
+        if not isinstance(all, bool):
+            raise ConfigurationError(f"all must be True or False, got {all!r}")
+        if task_ids and all:
+            raise ConfigurationError(
+                f"purge_dead got {len(task_ids)} task ids and all=True: pass "
+                "either the ids to delete or all=True, not both"
+            )
+        client = self._open_client()
+        if not all:
+            ids = [_validate.task_id(t) for t in task_ids]
+            groups = by_partition(await self._current(), ids)
+            return sum(
+                [
+                    await _scripts.dead_action(client, keys, "purge", mine)
+                    for keys, mine in groups.items()
+                ]
+            )
+
+        async def purge(keys: QueueKeys) -> int:
+            total = 0
+            while batch := await dead_ids(client, keys, 500):
+                total += await _scripts.dead_action(client, keys, "purge", batch)
+            return total
+
+        return sum(await each_partition((await self._current()).all(), purge))
+
+    @unavailable_as_error
+    async def release_group(self, group: str) -> bool:
+        """Let a group halted by a dead-lettered task (``on_dead="halt"``)
+        continue with its next task; the dead task stays dead.
+
+        :return: False if the group was not halted
+        """
+        checked = _validate.group(group)
+        if checked is None:
+            raise InvalidGroupError(group, "is None; name the halted group")
+        client = self._open_client()
+        done = 0
+        for keys in (await self._current()).of_group(checked):
+            done += await _scripts.dead_action(client, keys, "release", [checked])
+        return done >= 1
 
     # -- partitions -----------------------------------------------------------
 

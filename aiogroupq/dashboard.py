@@ -36,8 +36,9 @@ except ImportError as _missing:
         __name__, "dashboard", getattr(_missing, "name", None) or "starlette"
     ) from _missing
 
-from ._dashboard._app import Dashboard, build_app
+from ._dashboard._app import build_app
 from ._dashboard._auth import AuthCheck, Guard
+from ._dashboard._base import Dashboard
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette

@@ -9,7 +9,7 @@ import time
 from collections.abc import AsyncGenerator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar, overload
+from typing import Any, Literal, Self, TypeVar, overload
 
 import anyio
 import msgspec
@@ -17,20 +17,13 @@ import msgspec
 from ._inspect.aggregate import statuses
 from ._inspect.reads import id_list
 from ._store import routing as _routing, scripts as _scripts, validate as _validate
-from ._store.codec import (
-    EncodeFailure,
-    dead_letter,
-    decode_result,
-    encode_payload,
-    pack,
-)
+from ._store.codec import EncodeFailure, decode_result, encode_payload, pack
 from ._store.connection import (
     RedisLike,
     check_replicas,
     check_server,
     open_client,
     socket_timeout,
-    unavailable_as_error,
 )
 from ._store.defaults import (
     DEFAULT_DEDUP_WINDOW,
@@ -39,20 +32,24 @@ from ._store.defaults import (
     DEFAULT_RETENTION,
     MAX_BATCH,
 )
-from ._store.fanout import by_partition, dead_letter_rows, each_partition, requeue_dead
+from ._store.failures import unavailable_as_error
 from ._store.handle import QueueHandle
 from ._store.partition import in_partition
+from ._store.queries import task_state
+from ._store.replies import (
+    CancelCode,
+    GroupCorruptRefusal,
+    GroupFullRefusal,
+    NotReplicatedRefusal,
+    public_error,
+)
 from ._telemetry.events import EventKind, Observer, Observers, check_observers
 from .errors import (
     BatchTooLargeError,
     ConfigurationError,
-    CorruptQueueError,
     CorruptTaskError,
-    GroupFullError,
-    InvalidGroupError,
     InvalidTaskError,
     NoResultError,
-    NotReplicatedError,
     PayloadTooLargeError,
     TaskCancelledError,
     TaskExpiredError,
@@ -61,16 +58,15 @@ from .errors import (
     UnencodablePayloadError,
     UnknownTaskTypeError,
 )
-from .task import DeadLetter, Envelope, Task, TaskState, new_task_id
-
-if TYPE_CHECKING:
-    from ._store.keys import QueueKeys
+from .task import Envelope, Task, TaskState, new_task_id
 
 T = TypeVar("T")
 
 
 class Producer(QueueHandle, anyio.AsyncContextManagerMixin):
-    """Enqueues tasks to one queue; use it as ``async with Producer(...) as p``.
+    """Enqueues tasks to one queue and reads their state and results; use it
+    as ``async with Producer(...) as p``. Dead letters, settings and the
+    views of the queue are :class:`~aiogroupq.Admin`'s.
 
     :param redis: a ``redis://`` URL, or a ``redis.asyncio.Redis`` client to
         borrow (for example a web app's pool; it is never closed by us and must
@@ -293,20 +289,16 @@ class Producer(QueueHandle, anyio.AsyncContextManagerMixin):
                 dedup_window_ms=self._dedup_window_ms,
                 replication=self._replication,
             )
-        except _scripts.GroupFullRefusal as refusal:
+        except GroupFullRefusal as refusal:
             group = prepared[refusal.index].group or ""
-            raise GroupFullError(group, refusal.live, refusal.cap) from None
-        except _scripts.GroupCorruptRefusal as refusal:
+            raise public_error(refusal, group) from None
+        except GroupCorruptRefusal as refusal:
             group = prepared[refusal.index].group or ""
-            raise CorruptQueueError(
-                self._parts.of_group(group)[0].group(group),
-                "a key of this group is damaged",
-            ) from None
-        except _scripts.NotReplicatedRefusal as refusal:
+            key = self._parts.of_group(group)[0].group(group)
+            raise public_error(refusal, key) from None
+        except NotReplicatedRefusal as refusal:
             assert self._replication is not None
-            raise NotReplicatedError(
-                refusal.ids, refusal.acked, self._replication.replicas
-            ) from None
+            raise public_error(refusal, replicas=self._replication.replicas) from None
 
     def _prepare(self, task: Task) -> tuple[Envelope, _scripts.NewTask]:
         task_type = _validate.name("task_type", task.task_type)
@@ -370,7 +362,7 @@ class Producer(QueueHandle, anyio.AsyncContextManagerMixin):
             :class:`TaskState` (the task hash was written by something else)
         """
         checked = _validate.task_id(task_id)
-        state = await _scripts.task_state(
+        state = await task_state(
             self._open_client(), self._parts.of_id(checked), checked
         )
         return None if state is None else _state(task_id, state)
@@ -406,9 +398,9 @@ class Producer(QueueHandle, anyio.AsyncContextManagerMixin):
             checked,
             retention_ms=self._retention_ms,
         )
-        if code == _scripts.NOT_FOUND:
-            raise TaskNotFoundError(task_id)
-        return code != _scripts.FINISHED
+        if (error := public_error(code, task_id)) is not None:
+            raise error
+        return code is not CancelCode.FINISHED
 
     # Typed like msgspec's decode(): a class gives its instances, anything
     # else that msgspec decodes into (a union, an Annotated type) gives Any.
@@ -489,78 +481,6 @@ class Producer(QueueHandle, anyio.AsyncContextManagerMixin):
         if state == TaskState.EXPIRED:
             raise TaskExpiredError(task_id)
         raise TimeoutError(f"task {task_id!r} is still {state} after {limit}s")
-
-    @unavailable_as_error
-    async def requeue_dead(self, *task_ids: str) -> int:
-        """Run dead-lettered tasks again, each at the front of its group with a
-        fresh set of attempts (a group halted by it resumes with it).
-
-        :return: how many of *task_ids* were dead and were requeued
-        """
-        ids = [_validate.task_id(t) for t in task_ids]
-        return await requeue_dead(self._open_client(), await self._current(), ids)
-
-    @unavailable_as_error
-    async def purge_dead(self, *task_ids: str, all: bool = False) -> int:
-        """Delete the given dead letters, or every one with ``all=True``.
-
-        With no ids and no ``all=True`` nothing is deleted: an id list that
-        happens to be empty must not wipe the queue's dead letters.
-        A group halted by a purged task passes on to its next task.
-
-        :param all: delete every dead letter of the queue (no ids then)
-        :return: how many dead letters were deleted
-        :raises ConfigurationError: for task ids together with ``all=True``
-        """
-        if not isinstance(all, bool):
-            raise ConfigurationError(f"all must be True or False, got {all!r}")
-        if task_ids and all:
-            raise ConfigurationError(
-                f"purge_dead got {len(task_ids)} task ids and all=True: pass "
-                "either the ids to delete or all=True, not both"
-            )
-        client = self._open_client()
-        if not all:
-            ids = [_validate.task_id(t) for t in task_ids]
-            groups = by_partition(await self._current(), ids)
-            return sum(
-                [
-                    await _scripts.dead_action(client, keys, "purge", mine)
-                    for keys, mine in groups.items()
-                ]
-            )
-
-        async def purge(keys: QueueKeys) -> int:
-            total = 0
-            while batch := await _scripts.dead_ids(client, keys, 500):
-                total += await _scripts.dead_action(client, keys, "purge", batch)
-            return total
-
-        return sum(await each_partition((await self._current()).all(), purge))
-
-    @unavailable_as_error
-    async def release_group(self, group: str) -> bool:
-        """Let a group halted by a dead-lettered task (``on_dead="halt"``)
-        continue with its next task; the dead task stays dead.
-
-        :return: False if the group was not halted
-        """
-        checked = _validate.group(group)
-        if checked is None:
-            raise InvalidGroupError(group, "is None; name the halted group")
-        client = self._open_client()
-        done = 0
-        for keys in (await self._current()).of_group(checked):
-            done += await _scripts.dead_action(client, keys, "release", [checked])
-        return done >= 1
-
-    @unavailable_as_error
-    async def dead_letters(self, *, limit: int = 100) -> list[DeadLetter]:
-        """The oldest *limit* dead-lettered tasks of the queue, oldest first."""
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise ValueError(f"limit must be an int >= 1, got {limit!r}")
-        rows = await dead_letter_rows(self._open_client(), await self._current(), limit)
-        return [dead_letter(row) for row in rows]
 
 
 def _state(task_id: str, state: str) -> TaskState:

@@ -138,7 +138,7 @@ class TaskInfo:
 
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
-    """A dead-lettered task, as :meth:`Producer.dead_letters` returns it.
+    """A dead-lettered task, as :meth:`Admin.dead_letters` returns it.
 
     :ivar id: the task id
     :ivar type: the task type

@@ -183,6 +183,20 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         prog="python -m benchmarks",
         description="aiogroupq side by side with arq, saq, streaq and taskiq-redis.",
     )
+    _what_to_run(parser)
+    _how_to_run(parser)
+    args = parser.parse_args(argv)
+    if args.peers is not None:
+        peers = [] if args.peers == "none" else args.peers.split(",")
+        args.only = ",".join(["aiogroupq", *peers])
+    unknown = set(args.only.split(",")) - set(KEYS)
+    if unknown:
+        parser.error(f"unknown libraries {sorted(unknown)}; known: {', '.join(KEYS)}")
+    return args
+
+
+def _what_to_run(parser: argparse.ArgumentParser) -> None:
+    """The libraries, workloads and sizes, and where the results go."""
     parser.add_argument(
         "--only",
         default=",".join(KEYS),
@@ -210,6 +224,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--url", help="use this server instead of starting one")
     parser.add_argument("--json", type=Path, help="write the raw results here")
     parser.add_argument("--markdown", type=Path, help="write the tables here")
+
+
+def _how_to_run(parser: argparse.ArgumentParser) -> None:
+    """The environments, and how a run guards against a busy machine."""
     parser.add_argument(
         "--no-install",
         action="store_true",
@@ -251,14 +269,6 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--timeout", type=float, default=1200, help="seconds per library (default 1200)"
     )
-    args = parser.parse_args(argv)
-    if args.peers is not None:
-        peers = [] if args.peers == "none" else args.peers.split(",")
-        args.only = ",".join(["aiogroupq", *peers])
-    unknown = set(args.only.split(",")) - set(KEYS)
-    if unknown:
-        parser.error(f"unknown libraries {sorted(unknown)}; known: {', '.join(KEYS)}")
-    return args
 
 
 def _run_library(

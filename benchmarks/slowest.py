@@ -89,7 +89,7 @@ async def _exercise(url: str, backlog: int) -> dict[str, float]:
             concurrency=64,
         ):
             await drained.wait()
-            await _dead_letters(producer)
+            await _dead_letters(admin)
             seconds["drain of the other tasks (s)"] = time.perf_counter() - t0
             # A task deep in the hot line: its cancel searches the line.
             deep: Any = await client.lindex(
@@ -100,16 +100,16 @@ async def _exercise(url: str, backlog: int) -> dict[str, float]:
             await admin.pause_group("hot")
             await admin.resume_group("hot")
             await admin.set_group("hot")
-        dead = [letter.id for letter in await producer.dead_letters(limit=DEAD)]
+        dead = [letter.id for letter in await admin.dead_letters(limit=DEAD)]
         t0 = time.perf_counter()
-        await producer.requeue_dead(*dead)
+        await admin.requeue_dead(*dead)
         seconds["requeue 5,000 dead letters (s)"] = time.perf_counter() - t0
         async with aiogroupq.Consumer(
             client, queue=QUEUE, handlers={"noop": noop, "fail": fail}
         ):
-            await _dead_letters(producer)
+            await _dead_letters(admin)
         t0 = time.perf_counter()
-        await producer.purge_dead()
+        await admin.purge_dead(all=True)
         seconds["purge 5,000 dead letters (s)"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     problems = await aiogroupq.check_queue(client, QUEUE)
@@ -119,10 +119,10 @@ async def _exercise(url: str, backlog: int) -> dict[str, float]:
     return seconds
 
 
-async def _dead_letters(producer: aiogroupq.Producer) -> None:
+async def _dead_letters(admin: aiogroupq.Admin) -> None:
     """Wait until every doomed task is dead-lettered (other consumers'
     outcomes: nothing here to be notified by, so poll)."""
-    while len(await producer.dead_letters(limit=DEAD)) < DEAD:  # noqa: ASYNC110
+    while len(await admin.dead_letters(limit=DEAD)) < DEAD:  # noqa: ASYNC110
         await anyio.sleep(0.05)
 
 

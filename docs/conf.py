@@ -41,7 +41,8 @@ _EXTERNAL += ("contextlib", "threading", "prometheus_client", "opentelemetry")
 _EXTERNAL += ("starlette",)
 nitpick_ignore_regex = [
     (r"py:.*", rf"({'|'.join(_EXTERNAL)})\..+"),
-    (r"py:class", r"aiogroupq\._\w+\.T"),  # a TypeVar, documented by its use
+    # A TypeVar of a private module, documented by its use.
+    (r"py:class", r"aiogroupq\.(\w+\.)*_\w+(\.\w+)*\.T"),
 ]
 # Where autodoc cannot evaluate an annotation (a name imported only for type
 # checkers; a class whose __module__ we set to "aiogroupq"), it shows the

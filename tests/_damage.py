@@ -173,7 +173,7 @@ async def build(client: redis.asyncio.Redis, *, priorities: bool = False) -> Que
         new("v01", delay_ms=FAR_MS),
         new("w01", dedup="w", unique=True),
     )
-    assert await _fsck.check(client, KEYS) == []
+    assert (await _fsck.examine(client, KEYS)).problems == []
     return q
 
 

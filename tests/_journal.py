@@ -21,7 +21,7 @@ import multiprocessing
 import multiprocessing.process
 import os
 import secrets
-from collections import defaultdict
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -33,6 +33,7 @@ import redis.asyncio
 from redis.asyncio.cluster import RedisCluster
 
 import aiogroupq
+from aiogroupq.testing._journal import GroupWatch
 
 JOURNAL_KEY = "test:journal"
 
@@ -301,56 +302,46 @@ def check(entries: Iterable[Entry], expected: Mapping[int, Job]) -> Figures:
 
     Overlap: a start of a group's task while a run of that group has started
     and not yet ended.
+
+    Both are followed with the library's own checker
+    (:class:`aiogroupq.testing._journal.GroupWatch`), as the demo and
+    ``assert_group_order`` follow them.
     """
-    events = sorted(entries, key=lambda e: e.clock)
-    starts_of: dict[int, int] = defaultdict(int)
-    open_runs: dict[tuple[int, int, int], int] = defaultdict(int)
-    head: dict[str, int] = {}  # group -> seq of its current task
-    running_in: dict[str, int] = defaultdict(int)
+    starts_of: Counter[int] = Counter()
+    # A run is one claim in one process: an end closes the run of its task,
+    # attempt and process.
+    watch: GroupWatch[tuple[int, int, int], Entry] = GroupWatch()
     starts = unexpected = failed = order_violations = overlaps = mismatches = 0
     max_group = max_ungrouped = max_all = 0
-    ungrouped = running = 0
     groups: set[str] = set()
     pids: set[int] = set()
-    for e in events:
+    for e in sorted(entries, key=lambda e: e.clock):
         run_key = (e.n, e.attempt, e.pid)
-        if e.event == "start":
-            starts += 1
-            starts_of[e.n] += 1
-            open_runs[run_key] += 1
-            pids.add(e.pid)
-            if e.n not in expected:
-                unexpected += 1
-            if e.meta_group != e.group:
-                mismatches += 1
-            running += 1
-            max_all = max(max_all, running)
-            if e.group is None:
-                ungrouped += 1
-                max_ungrouped = max(max_ungrouped, ungrouped)
-                continue
-            groups.add(e.group)
-            current = head.get(e.group, -1)
-            if e.seq == current + 1:
-                head[e.group] = e.seq
-            elif e.seq != current:
-                order_violations += 1
-                head[e.group] = max(current, e.seq)
-            if running_in[e.group] > 0:
-                overlaps += 1
-            running_in[e.group] += 1
-            max_group = max(max_group, running_in[e.group])
-        else:
-            if open_runs[run_key] <= 0:
-                continue  # an end without a start: not a run we can place
-            open_runs[run_key] -= 1
-            running -= 1
-            if not e.ok:
+        if e.event == "end":
+            # (an end without a start is not a run we can place)
+            if watch.close(e.group, run_key) is not None and not e.ok:
                 failed += 1
-            if e.group is None:
-                ungrouped -= 1
-            else:
-                running_in[e.group] -= 1
+            continue
+        starts += 1
+        starts_of[e.n] += 1
+        pids.add(e.pid)
+        if e.n not in expected:
+            unexpected += 1
+        if e.meta_group != e.group:
+            mismatches += 1
+        others = watch.open(e.group, run_key, e)
+        max_all = max(max_all, watch.open_count)
+        if e.group is None:
+            max_ungrouped = max(max_ungrouped, len(others) + 1)
+            continue
+        groups.add(e.group)
+        if others:
+            overlaps += 1
+        max_group = max(max_group, len(others) + 1)
+        reached = watch.place(e.group, e.seq, e)
+        current = -1 if reached is None else reached.position
+        if e.seq not in (current, current + 1):  # neither a retry nor the next
+            order_violations += 1
     started = sum(1 for n in expected if starts_of.get(n, 0) > 0)
     return Figures(
         tasks=len(expected),
@@ -359,7 +350,7 @@ def check(entries: Iterable[Entry], expected: Mapping[int, Job]) -> Figures:
         started_more_than_once=sum(1 for c in starts_of.values() if c > 1),
         never_run=len(expected) - started,
         unexpected=unexpected,
-        unfinished=sum(open_runs.values()),
+        unfinished=watch.open_count,
         failed_runs=failed,
         order_violations=order_violations,
         overlaps=overlaps,

@@ -49,8 +49,8 @@ PYTHON_COMMANDS = {
     "blpop": "blpop",  # consumers wait on the wake list; result() on done:<id>
     "rpush": "rpush",
     "hget": "hget",  # status()
-    "zrange": "zrange",  # dead_letters()
-    "hmget": "hmget",  # dead_letters()
+    "zrange": "zrange",  # Admin.dead_letters()
+    "hmget": "hmget",  # Admin.dead_letters()
 }
 HANDSHAKE = {"hello"}
 OPTIONAL = {"config_get": "config|get", "info": "info"}
@@ -83,6 +83,7 @@ OPERATOR_SCRIPTS = {
     "consumers.lua",
     "task_info.lua",
     "inspect.lua",
+    "registry.lua",
 }
 
 
@@ -177,13 +178,8 @@ class Rows:
         self.ran: list[tuple[str, int]] = []
 
 
-async def test_a_producer_and_a_consumer_work_with_least_privilege(
-    worker_url: str,
-    redis_client: redis.asyncio.Redis,
-    redis_url: str,
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    rows = Rows()
+def handlers_of(rows: Rows) -> dict[str, Any]:
+    """Handlers that succeed, retry once, fail for good, and store a result."""
 
     async def plain(n: int) -> None:
         rows.ran.append(("plain", n))
@@ -199,15 +195,44 @@ async def test_a_producer_and_a_consumer_work_with_least_privilege(
     async def answer(n: int) -> int:
         return n * 2
 
-    handlers: dict[str, Any] = {
+    return {
         "plain": plain,
         "flaky": flaky,
         "poison": poison,
         "answer": aiogroupq.Handler(answer, store_result=True),
     }
+
+
+async def check_as_a_read_only_user(
+    redis_client: redis.asyncio.Redis, redis_url: str
+) -> None:
+    """A read-only user may run the consistency check."""
+    user = f"aiogroupq-check-{os.getpid()}"
+    execute: Any = redis_client.execute_command
+    await execute(
+        "ACL", "SETUSER", user, "on", ">check-pw", "resetkeys",
+        f"~{{aiogroupq:{QUEUE}}}:*", "resetchannels", "-@all",
+        "+@read", "+ping", "+hello",
+    )  # fmt: skip
+    try:
+        url = redis_url.replace("redis://", f"redis://{user}:check-pw@")
+        assert await aiogroupq.check_queue(url, QUEUE) == []
+    finally:
+        await redis_client.acl_deluser(user)
+
+
+async def test_a_producer_and_a_consumer_work_with_least_privilege(
+    worker_url: str,
+    redis_client: redis.asyncio.Redis,
+    redis_url: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    rows = Rows()
+    handlers = handlers_of(rows)
     with caplog.at_level(logging.WARNING):
         async with (
             aiogroupq.Producer(worker_url, queue=QUEUE) as producer,
+            aiogroupq.Admin(worker_url, queue=QUEUE) as admin,
             aiogroupq.Consumer(
                 worker_url, queue=QUEUE, handlers=handlers, lease_ttl=3.0
             ),
@@ -231,13 +256,13 @@ async def test_a_producer_and_a_consumer_work_with_least_privilege(
                         await anyio.sleep(0.01)
                 while await producer.status(dead_id) is not TaskState.DEAD:
                     await anyio.sleep(0.01)
-            letters = await producer.dead_letters()
+            letters = await admin.dead_letters()
             assert [letter.id for letter in letters] == [dead_id]
-            assert await producer.requeue_dead(dead_id) == 1
+            assert await admin.requeue_dead(dead_id) == 1
             with anyio.fail_after(PATIENCE):
                 while await producer.status(dead_id) is not TaskState.DEAD:
                     await anyio.sleep(0.01)
-            assert await producer.purge_dead(dead_id) == 1
+            assert await admin.purge_dead(dead_id) == 1
             assert await producer.status(cancelled) is TaskState.CANCELLED
     assert [n for kind, n in rows.ran if kind == "plain" and n < 10] == [0, 1, 2]
     assert sorted(n for kind, n in rows.ran if kind == "plain") == [0, 1, 2, 10, 11]
@@ -254,19 +279,7 @@ async def test_a_producer_and_a_consumer_work_with_least_privilege(
     ]
     assert warned, "the eviction check should say it could not run"
     assert all("maxmemory-policy" in message for message in warned), warned
-    # A read-only user may run the consistency check.
-    user = f"aiogroupq-check-{os.getpid()}"
-    execute: Any = redis_client.execute_command
-    await execute(
-        "ACL", "SETUSER", user, "on", ">check-pw", "resetkeys",
-        f"~{{aiogroupq:{QUEUE}}}:*", "resetchannels", "-@all",
-        "+@read", "+ping", "+hello",
-    )  # fmt: skip
-    try:
-        url = redis_url.replace("redis://", f"redis://{user}:check-pw@")
-        assert await aiogroupq.check_queue(url, QUEUE) == []
-    finally:
-        await redis_client.acl_deluser(user)
+    await check_as_a_read_only_user(redis_client, redis_url)
 
 
 async def test_another_queue_is_refused_with_a_typed_error(

@@ -62,6 +62,48 @@ async def server_ms(client: redis.asyncio.Redis) -> float:
     return float(int(seconds) * 1000 + int(micros) / 1000)
 
 
+async def sample_retries(
+    client: redis.asyncio.Redis,
+    types: dict[str, str],
+    failed_at: dict[tuple[str, int], float],
+) -> list[Sample]:
+    """Each retry's delay, bracketed between when its task failed and when
+    its due time was read; each retry is then made due at once."""
+    samples: list[Sample] = []
+    retried: dict[str, int] = defaultdict(int)
+    with anyio.fail_after(60):
+        while len(samples) < len(types) * (ATTEMPTS - 1):
+            for task_id, task_type in types.items():
+                due = await client.zscore(KEYS.delayed, task_id)
+                if due is None:
+                    continue  # running, or not failed yet
+                read_at = await server_ms(client)
+                retried[task_id] += 1
+                attempt = retried[task_id]
+                failed = failed_at[task_id, attempt]
+                samples.append(
+                    Sample(task_type, attempt, due - read_at - 1.5, due - failed + 0.5)
+                )
+                # Due now: the consumer claims it again at once.
+                assert await client.zadd(KEYS.delayed, {task_id: 0}, xx=True, ch=True)
+                await client.rpush(KEYS.wake, "1")
+            await anyio.sleep(0.005)
+    return samples
+
+
+def report(samples: list[Sample]) -> None:
+    """The figures this test measures, per type and attempt."""
+    for key in sorted({(s.task_type, s.attempt) for s in samples}):
+        some = [s for s in samples if (s.task_type, s.attempt) == key]
+        print(  # noqa: T201 - the figures this test reports
+            f"[backoff] {key[0]} retry after attempt {key[1]}: "
+            f"{min(s.low_ms for s in some) / 1000:.2f}-"
+            f"{max(s.high_ms for s in some) / 1000:.2f} s over {len(some)} tasks, "
+            f"before jitter {some[0].expected_ms() / 1000:.0f} s, bracket <= "
+            f"{max(s.high_ms - s.low_ms for s in some):.0f} ms"
+        )
+
+
 async def test_retry_delays_grow_are_capped_jittered_and_follow_the_override(
     redis_client: redis.asyncio.Redis,
 ) -> None:
@@ -78,7 +120,6 @@ async def test_retry_delays_grow_are_capped_jittered_and_follow_the_override(
             fail, retry_backoff=TUNED_BASE, retry_backoff_max=TUNED_CAP
         ),
     }
-    samples: list[Sample] = []
     async with (
         aiogroupq.Producer(redis_client, queue=QUEUE) as producer,
         aiogroupq.Consumer(
@@ -97,28 +138,7 @@ async def test_retry_delays_grow_are_capped_jittered_and_follow_the_override(
                     task_type, group=group, max_attempts=ATTEMPTS
                 )
                 types[task_id] = task_type
-        retried: dict[str, int] = defaultdict(int)
-        with anyio.fail_after(60):
-            while len(samples) < len(types) * (ATTEMPTS - 1):
-                for task_id, task_type in types.items():
-                    due = await redis_client.zscore(KEYS.delayed, task_id)
-                    if due is None:
-                        continue  # running, or not failed yet
-                    read_at = await server_ms(redis_client)
-                    retried[task_id] += 1
-                    attempt = retried[task_id]
-                    failed = failed_at[task_id, attempt]
-                    samples.append(
-                        Sample(
-                            task_type, attempt, due - read_at - 1.5, due - failed + 0.5
-                        )
-                    )
-                    # Due now: the consumer claims it again at once.
-                    assert await redis_client.zadd(
-                        KEYS.delayed, {task_id: 0}, xx=True, ch=True
-                    )
-                    await redis_client.rpush(KEYS.wake, "1")
-                await anyio.sleep(0.005)
+        samples = await sample_retries(redis_client, types, failed_at)
         for task_id in types:
             with anyio.fail_after(15):
                 while await producer.status(task_id) is not aiogroupq.TaskState.DEAD:
@@ -131,15 +151,7 @@ async def test_retry_delays_grow_are_capped_jittered_and_follow_the_override(
         # Growth, cap and override: the delay lies within [0.5, 1] x expected.
         assert s.high_ms >= 0.5 * expected, s
         assert s.low_ms <= expected, s
-    for key in sorted({(s.task_type, s.attempt) for s in samples}):
-        some = [s for s in samples if (s.task_type, s.attempt) == key]
-        print(  # noqa: T201 - the figures this test reports
-            f"[backoff] {key[0]} retry after attempt {key[1]}: "
-            f"{min(s.low_ms for s in some) / 1000:.2f}-"
-            f"{max(s.high_ms for s in some) / 1000:.2f} s over {len(some)} tasks, "
-            f"before jitter {some[0].expected_ms() / 1000:.0f} s, bracket <= "
-            f"{max(s.high_ms - s.low_ms for s in some):.0f} ms"
-        )
+    report(samples)
     # Every (task, attempt) retried exactly once, per type.
     per_type = {
         t: sorted(s.attempt for s in samples if s.task_type == t)

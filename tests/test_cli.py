@@ -8,10 +8,9 @@ import signal
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
-import anyio
 import pytest
 import redis.asyncio
 
@@ -20,82 +19,7 @@ from aiogroupq._cli import demo as _demo
 from aiogroupq.testing._server import ServerProcess, free_port
 
 from . import example_app
-
-ROOT = Path(__file__).resolve().parents[1]
-#: liveness only: how long anything may take before we call it hung
-PATIENCE = 60.0
-
-
-class Proc:
-    """``python -m aiogroupq ...`` with its output in a file."""
-
-    def __init__(self, args: Sequence[str], log: Path) -> None:
-        self.log = log
-        with open(log, "wb") as out:
-            self.popen = subprocess.Popen(
-                [sys.executable, "-m", "aiogroupq", *args],
-                cwd=ROOT,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-
-    @property
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def signal(self, signum: int) -> None:
-        self.popen.send_signal(signum)
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    async def wait(self, timeout: float = PATIENCE) -> int:
-        await _poll(lambda: not self.alive(), timeout=timeout)
-        return self.popen.wait()
-
-    async def wait_for_output(self, needle: str, count: int = 1) -> None:
-        await _poll(lambda: self.output.count(needle) >= count, self)
-
-    def kill(self) -> None:
-        if self.alive():
-            self.popen.kill()
-            self.popen.wait()
-
-
-Spawn = Callable[..., Proc]
-
-
-@pytest.fixture
-def spawn(tmp_path: Path) -> Iterator[Spawn]:
-    """``spawn(*args)`` starts ``python -m aiogroupq *args``."""
-    made: list[Proc] = []
-
-    def start(*args: str) -> Proc:
-        made.append(Proc(args, tmp_path / f"proc{len(made)}.log"))
-        return made[-1]
-
-    yield start
-    for proc in made:  # a failed test leaves no process behind
-        proc.kill()
-
-
-async def _poll(
-    check: Callable[[], bool | Awaitable[bool]],
-    proc: Proc | None = None,
-    *,
-    timeout: float = PATIENCE,
-) -> None:
-    """Wait until *check* holds; fail if *proc* dies first or it takes forever."""
-    with anyio.fail_after(timeout):
-        while True:
-            ok = check()
-            if not isinstance(ok, bool):
-                ok = await ok
-            if ok:
-                return
-            assert proc is None or proc.alive(), proc.output
-            await anyio.sleep(0.02)
+from ._spawn import PATIENCE, Proc, Spawn, poll
 
 
 async def _enqueue(
@@ -133,7 +57,7 @@ async def _until_state(
         states = await _states(client, queue, ids)
         return states[state] >= (len(ids) if count is None else count)
 
-    await _poll(reached, proc)
+    await poll(reached, proc)
 
 
 @pytest.mark.slow

@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import signal
 import socket
-from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import anyio
 import httpx
@@ -20,23 +18,7 @@ import aiogroupq
 from aiogroupq import TaskState
 
 from . import example_app
-from .test_cli import PATIENCE, Proc
-
-Spawn = Callable[..., Proc]
-
-
-@pytest.fixture
-def spawn(tmp_path: Path) -> Iterator[Spawn]:
-    """``spawn(*args)`` starts ``python -m aiogroupq *args``."""
-    made: list[Proc] = []
-
-    def start(*args: str) -> Proc:
-        made.append(Proc(args, tmp_path / f"proc{len(made)}.log"))
-        return made[-1]
-
-    yield start
-    for proc in made:
-        proc.kill()
+from ._spawn import PATIENCE, Proc, Spawn
 
 
 async def enqueue(

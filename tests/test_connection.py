@@ -38,10 +38,6 @@ PRODUCER_CALLS: dict[str, ProducerCall] = {
     "status": lambda p: p.status(TASK_ID),
     "cancel": lambda p: p.cancel(TASK_ID),
     "result": lambda p: p.result(TASK_ID, timeout=1.0),
-    "dead_letters": lambda p: p.dead_letters(),
-    "requeue_dead": lambda p: p.requeue_dead(TASK_ID),
-    "purge_dead": lambda p: p.purge_dead(all=True),
-    "release_group": lambda p: p.release_group("g"),
     "status_many": lambda p: p.status_many([TASK_ID]),
 }
 AdminCall = Callable[[aiogroupq.Admin], Awaitable[object]]
@@ -59,8 +55,11 @@ ADMIN_CALLS: dict[str, AdminCall] = {
     "groups": lambda a: a.groups(),
     "task": lambda a: a.task(TASK_ID),
     "position": lambda a: a.position(TASK_ID),
-    "status_many": lambda a: a.status_many([TASK_ID]),
     "consumers": lambda a: a.consumers(),
+    "dead_letters": lambda a: a.dead_letters(),
+    "requeue_dead": lambda a: a.requeue_dead(TASK_ID),
+    "purge_dead": lambda a: a.purge_dead(all=True),
+    "release_group": lambda a: a.release_group("g"),
     "partitions": lambda a: a.partitions(),
     "start_repartition": lambda a: a.start_repartition(2),
     "finish_repartition": lambda a: a.finish_repartition(),

@@ -22,6 +22,7 @@ import redis.asyncio
 
 import aiogroupq
 from aiogroupq import (
+    Admin,
     ConfigurationError,
     Consumer,
     DeadLetter,
@@ -99,6 +100,12 @@ async def producer(redis_client: redis.asyncio.Redis) -> AsyncIterator[Producer]
         yield p
 
 
+@pytest.fixture
+async def admin(redis_client: redis.asyncio.Redis) -> AsyncIterator[Admin]:
+    async with Admin(redis_client, queue=QUEUE) as a:
+        yield a
+
+
 def consumer(
     client: redis.asyncio.Redis, handlers: Mapping[str, Any], **kwargs: Any
 ) -> Consumer:
@@ -119,8 +126,8 @@ async def wait_for(
     return state
 
 
-async def dead_letter(producer: Producer, task_id: str) -> DeadLetter:
-    letters = {letter.id: letter for letter in await producer.dead_letters()}
+async def dead_letter(admin: Admin, task_id: str) -> DeadLetter:
+    letters = {letter.id: letter for letter in await admin.dead_letters()}
     assert task_id in letters, f"{task_id} is not among the dead letters"
     return letters[task_id]
 
@@ -195,6 +202,7 @@ async def test_payload_is_decoded_into_the_declared_type(
 async def test_payload_that_does_not_validate_is_dead_lettered(
     redis_client: redis.asyncio.Redis,
     producer: Producer,
+    admin: Admin,
     handler: Any,
     bad_payload: object,
     fragments: list[str],
@@ -211,7 +219,7 @@ async def test_payload_that_does_not_validate_is_dead_lettered(
         after = await producer.enqueue("good", Point(5, 6), group="g")
         assert await wait_for(producer, after) == TaskState.SUCCEEDED
     assert await producer.status(bad) == TaskState.DEAD
-    letter = await dead_letter(producer, bad)
+    letter = await dead_letter(admin, bad)
     for fragment in fragments:
         assert fragment in letter.reason, letter.reason
     assert letter.type == "typed"
@@ -222,14 +230,14 @@ async def test_payload_that_does_not_validate_is_dead_lettered(
 
 
 async def test_unknown_task_type_is_dead_lettered(
-    redis_client: redis.asyncio.Redis, producer: Producer
+    redis_client: redis.asyncio.Redis, producer: Producer, admin: Admin
 ) -> None:
     async with consumer(redis_client, {"known": _noop}):
         unknown = await producer.enqueue("mystery_type", {"a": 1}, group="g")
         after = await producer.enqueue("known", None, group="g")
         assert await wait_for(producer, after) == TaskState.SUCCEEDED
     assert await producer.status(unknown) == TaskState.DEAD
-    letter = await dead_letter(producer, unknown)
+    letter = await dead_letter(admin, unknown)
     assert "mystery_type" in letter.reason
     assert letter.payload == {"a": 1}
 
@@ -314,7 +322,7 @@ async def test_current_task_does_not_leak_after_the_handler(
 
 
 async def test_failing_handler_is_retried_then_succeeds(
-    redis_client: redis.asyncio.Redis, producer: Producer
+    redis_client: redis.asyncio.Redis, producer: Producer, admin: Admin
 ) -> None:
     order: list[tuple[str, int]] = []
 
@@ -332,7 +340,7 @@ async def test_failing_handler_is_retried_then_succeeds(
     # The retry runs before the group's next task (DESIGN invariant 2).
     assert order == [("flaky", 1), ("flaky", 2), ("later", 1)]
     assert c.stats.retried == 1
-    assert await producer.dead_letters() == []
+    assert await admin.dead_letters() == []
 
 
 async def test_retry_exception_reruns_after_its_delay(
@@ -356,7 +364,7 @@ async def test_retry_exception_reruns_after_its_delay(
 
 
 async def test_retry_on_the_last_attempt_dead_letters(
-    redis_client: redis.asyncio.Redis, producer: Producer
+    redis_client: redis.asyncio.Redis, producer: Producer, admin: Admin
 ) -> None:
     async def always(payload: object) -> None:
         raise aiogroupq.Retry(delay=0)
@@ -364,13 +372,13 @@ async def test_retry_on_the_last_attempt_dead_letters(
     async with consumer(redis_client, {"t": always}):
         task_id = await producer.enqueue("t", None, max_attempts=2)
         assert await wait_for(producer, task_id) == TaskState.DEAD
-    letter = await dead_letter(producer, task_id)
+    letter = await dead_letter(admin, task_id)
     assert letter.attempts == 2
     assert "Retry" in letter.reason
 
 
 async def test_dead_letter_after_max_attempts_keeps_the_traceback(
-    redis_client: redis.asyncio.Redis, producer: Producer
+    redis_client: redis.asyncio.Redis, producer: Producer, admin: Admin
 ) -> None:
     calls = 0
 
@@ -386,7 +394,7 @@ async def test_dead_letter_after_max_attempts_keeps_the_traceback(
         # The group is passed on after the dead letter.
         assert await wait_for(producer, after) == TaskState.DEAD
     assert calls == 3
-    letter = await dead_letter(producer, task_id)
+    letter = await dead_letter(admin, task_id)
     assert letter.attempts == 2
     assert letter.reason == "ValueError: cannot process row-17"
     assert "Traceback (most recent call last)" in letter.traceback
@@ -398,7 +406,7 @@ async def test_dead_letter_after_max_attempts_keeps_the_traceback(
 
 
 async def test_dead_letters_limit(
-    redis_client: redis.asyncio.Redis, producer: Producer
+    redis_client: redis.asyncio.Redis, producer: Producer, admin: Admin
 ) -> None:
     async def broken(payload: object) -> None:
         raise ValueError("no")
@@ -407,14 +415,14 @@ async def test_dead_letters_limit(
         ids = [await producer.enqueue("t", i, max_attempts=1) for i in range(3)]
         for task_id in ids:
             assert await wait_for(producer, task_id) == TaskState.DEAD
-    assert {letter.id for letter in await producer.dead_letters()} == set(ids)
-    assert len(await producer.dead_letters(limit=2)) == 2
+    assert {letter.id for letter in await admin.dead_letters()} == set(ids)
+    assert len(await admin.dead_letters(limit=2)) == 2
     with pytest.raises(ValueError, match="0"):
-        await producer.dead_letters(limit=0)
+        await admin.dead_letters(limit=0)
 
 
 async def test_attempt_timeout_fails_the_attempt(
-    redis_client: redis.asyncio.Redis, producer: Producer
+    redis_client: redis.asyncio.Redis, producer: Producer, admin: Admin
 ) -> None:
     attempts: defaultdict[str, list[int]] = defaultdict(list)
 
@@ -430,7 +438,7 @@ async def test_attempt_timeout_fails_the_attempt(
         assert await wait_for(producer, dead) == TaskState.DEAD
         assert await wait_for(producer, retried) == TaskState.SUCCEEDED
     assert attempts == {"always": [1], "once": [1, 2]}
-    assert "TimeoutError" in (await dead_letter(producer, dead)).reason
+    assert "TimeoutError" in (await dead_letter(admin, dead)).reason
 
 
 # -- delays ---------------------------------------------------------------------------

@@ -23,6 +23,7 @@ import socket
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ async_api = pytest.importorskip(
     "playwright.async_api",
     reason="Playwright is not installed (nox -s browser installs it)",
 )
+expect = async_api.expect
 CHROMIUM = (
     os.environ.get("AIOGROUPQ_CHROMIUM")
     or shutil.which("chromium")
@@ -133,7 +135,6 @@ async def feed(producer: aiogroupq.Producer, stop: anyio.Event) -> None:
 async def test_the_dashboard_in_a_browser(
     redis_url: str, redis_client: redis.asyncio.Redis, tmp_path: Path
 ) -> None:
-    expect = async_api.expect
     shots = tmp_path / "screenshots"
     shots.mkdir()
     port = free_port()
@@ -161,108 +162,15 @@ async def test_the_dashboard_in_a_browser(
         page = await context.new_page()
         page.set_default_timeout(LIVE * 1000)
         page.on("dialog", lambda dialog: dialog.accept())
-
-        async def shoot(name: str) -> None:
-            await page.screenshot(path=shots / f"dashboard-{name}.png")
-
-        # -- sign in -------------------------------------------------------------
-        await page.goto(url + "/")
-        await expect(page).to_have_url(re.compile(r"/login\?next="))
-        await shoot("login")
-        await page.fill("#token", "not the token")
-        await page.click("form.login button")
-        await expect(page.locator("p.flash.error")).to_contain_text("not the token")
-        await page.fill("#token", TOKEN)
-        await page.click("form.login button")
-        await expect(page.locator("h1")).to_have_text("Queues")
-
-        # -- the counts change live, without a reload ------------------------------
-        await page.evaluate("window.notReloaded = true")
-        succeeded = page.locator(".fig-succeeded .value")
-        await expect(succeeded).to_have_text("0")
-        await producer.enqueue_many(
-            [
-                aiogroupq.Task("work", {"sleep": 0.01}, group=f"g{i % 5}")
-                for i in range(100)
-            ]
-        )
-        await expect(succeeded).to_have_text("100")
-        assert await page.evaluate("window.notReloaded === true")
-        await expect(page.locator("#live-status")).to_contain_text("live ·")
-
+        tour = Tour(page, url, shots)
+        await sign_in(tour)
+        await counts_change_live(tour, producer)
         stop = anyio.Event()
         async with anyio.create_task_group() as tg:
             tg.start_soon(feed, producer, stop)
-
-            # -- a dead letter, requeued from the page, succeeds --------------------
-            dead_id = await producer.enqueue(
-                "gated", {"gate": str(gate)}, group="billing-7", max_attempts=1
-            )
-            await page.goto(f"{url}/q/{QUEUE}/dead?type=gated")
-            row = page.locator(f'tr[data-task="{dead_id}"]')
-            await expect(row).to_contain_text("rejected the import")
-            await page.goto(f"{url}/q/{QUEUE}/task?id={dead_id}")
-            await expect(page.locator("pre.traceback")).to_contain_text("RuntimeError")
-            await shoot("task")
-            await page.goto(f"{url}/q/{QUEUE}/dead")
-            await expect(page.locator(f'tr[data-task="{dead_id}"]')).to_be_visible()
-            await shoot("dead")
-            gate.unlink()  # "the bug is fixed"
-            await page.check(f'tr[data-task="{dead_id}"] input[type=checkbox]')
-            await page.click("text=Requeue selected")
-            await expect(page.locator("p.flash.ok")).to_contain_text(
-                "requeued 1 of 1 dead letters"
-            )
-            await page.goto(f"{url}/q/{QUEUE}/task?id={dead_id}")
-            await expect(page.locator("#task-state")).to_have_text("succeeded")
-            assert await producer.status(dead_id) == "succeeded"
-
-            # -- a paused group stops; resumed, it goes on --------------------------
-            await producer.enqueue_many(
-                [
-                    aiogroupq.Task("work", {"sleep": 0.3}, group="acme")
-                    for _ in range(40)
-                ]
-            )
-            await page.goto(f"{url}/q/{QUEUE}/group?name=acme")
-            await page.click("text=Pause group")
-            await expect(page.locator("p.flash.ok")).to_contain_text(
-                "paused group 'acme'"
-            )
-            await expect(page.locator("#group-actions .state")).to_have_text("paused")
-            with anyio.fail_after(LIVE):  # the task that was running finishes
-                while (info := await admin.group_info("acme")).running:
-                    await anyio.sleep(0.1)
-            held = info.backlog
-            await anyio.sleep(2.0)  # several claims and refreshes later...
-            info = await admin.group_info("acme")
-            assert (info.running, info.backlog) == (0, held)  # ...it has not moved
-            assert held > 0
-            await expect(page.locator("#group-reason")).to_contain_text("paused")
-            await shoot("group")
-            await page.click("text=Resume group")
-            await expect(page.locator("#group-actions .state")).not_to_have_text(
-                "paused"
-            )
-            # Its line shrinks on the page as the worker takes its tasks again.
-            backlog = page.locator("[data-backlog]")
-            await expect(backlog).not_to_have_text(re.compile(rf"^{held}\b"))
-
-            # -- the other pages ---------------------------------------------------
-            await page.goto(f"{url}/q/{QUEUE}/groups")
-            await expect(page.locator("tr[data-group]").first).to_be_visible()
-            await shoot("groups")
-            await page.goto(f"{url}/q/{QUEUE}/consumers")
-            await expect(page.locator('tr[data-consumer="worker-1"]')).to_contain_text(
-                "alive"
-            )
-            await shoot("consumers")
-            await page.goto(f"{url}/q/{QUEUE}")
-            await expect(page.locator("#queue-figures polyline").first).to_be_attached()
-            await shoot("queue")
-            await page.goto(url + "/")
-            await expect(page.locator(".card polyline").first).to_be_attached()
-            await shoot("overview")
+            await requeue_a_dead_letter(tour, producer, gate)
+            await pause_and_resume_a_group(tour, producer, admin)
+            await visit_the_other_pages(tour)
             stop.set()
         await chromium.close()
 
@@ -272,3 +180,115 @@ async def test_the_dashboard_in_a_browser(
     if target := os.environ.get("AIOGROUPQ_SCREENSHOTS"):
         for shot in shots.iterdir():
             shutil.copyfile(shot, Path(target) / shot.name)
+
+
+@dataclass(frozen=True, slots=True)
+class Tour:
+    """The browser's page on the dashboard, and where its screenshots go."""
+
+    page: Any
+    url: str
+    shots: Path
+
+    async def shoot(self, name: str) -> None:
+        await self.page.screenshot(path=self.shots / f"dashboard-{name}.png")
+
+
+async def sign_in(tour: Tour) -> None:
+    page = tour.page
+    await page.goto(tour.url + "/")
+    await expect(page).to_have_url(re.compile(r"/login\?next="))
+    await tour.shoot("login")
+    await page.fill("#token", "not the token")
+    await page.click("form.login button")
+    await expect(page.locator("p.flash.error")).to_contain_text("not the token")
+    await page.fill("#token", TOKEN)
+    await page.click("form.login button")
+    await expect(page.locator("h1")).to_have_text("Queues")
+
+
+async def counts_change_live(tour: Tour, producer: aiogroupq.Producer) -> None:
+    """The counts change live, without a reload."""
+    page = tour.page
+    await page.evaluate("window.notReloaded = true")
+    succeeded = page.locator(".fig-succeeded .value")
+    await expect(succeeded).to_have_text("0")
+    await producer.enqueue_many(
+        [aiogroupq.Task("work", {"sleep": 0.01}, group=f"g{i % 5}") for i in range(100)]
+    )
+    await expect(succeeded).to_have_text("100")
+    assert await page.evaluate("window.notReloaded === true")
+    await expect(page.locator("#live-status")).to_contain_text("live ·")
+
+
+async def requeue_a_dead_letter(
+    tour: Tour, producer: aiogroupq.Producer, gate: Path
+) -> None:
+    """A dead letter, requeued from the page, succeeds."""
+    page, url = tour.page, tour.url
+    dead_id = await producer.enqueue(
+        "gated", {"gate": str(gate)}, group="billing-7", max_attempts=1
+    )
+    await page.goto(f"{url}/q/{QUEUE}/dead?type=gated")
+    row = page.locator(f'tr[data-task="{dead_id}"]')
+    await expect(row).to_contain_text("rejected the import")
+    await page.goto(f"{url}/q/{QUEUE}/task?id={dead_id}")
+    await expect(page.locator("pre.traceback")).to_contain_text("RuntimeError")
+    await tour.shoot("task")
+    await page.goto(f"{url}/q/{QUEUE}/dead")
+    await expect(page.locator(f'tr[data-task="{dead_id}"]')).to_be_visible()
+    await tour.shoot("dead")
+    await anyio.Path(gate).unlink()  # "the bug is fixed"
+    await page.check(f'tr[data-task="{dead_id}"] input[type=checkbox]')
+    await page.click("text=Requeue selected")
+    await expect(page.locator("p.flash.ok")).to_contain_text(
+        "requeued 1 of 1 dead letters"
+    )
+    await page.goto(f"{url}/q/{QUEUE}/task?id={dead_id}")
+    await expect(page.locator("#task-state")).to_have_text("succeeded")
+    assert await producer.status(dead_id) == "succeeded"
+
+
+async def pause_and_resume_a_group(
+    tour: Tour, producer: aiogroupq.Producer, admin: aiogroupq.Admin
+) -> None:
+    """A paused group stops; resumed, it goes on."""
+    page = tour.page
+    await producer.enqueue_many(
+        [aiogroupq.Task("work", {"sleep": 0.3}, group="acme") for _ in range(40)]
+    )
+    await page.goto(f"{tour.url}/q/{QUEUE}/group?name=acme")
+    await page.click("text=Pause group")
+    await expect(page.locator("p.flash.ok")).to_contain_text("paused group 'acme'")
+    await expect(page.locator("#group-actions .state")).to_have_text("paused")
+    with anyio.fail_after(LIVE):  # the task that was running finishes
+        while (info := await admin.group_info("acme")).running:
+            await anyio.sleep(0.1)
+    held = info.backlog
+    await anyio.sleep(2.0)  # several claims and refreshes later...
+    info = await admin.group_info("acme")
+    assert (info.running, info.backlog) == (0, held)  # ...it has not moved
+    assert held > 0
+    await expect(page.locator("#group-reason")).to_contain_text("paused")
+    await tour.shoot("group")
+    await page.click("text=Resume group")
+    await expect(page.locator("#group-actions .state")).not_to_have_text("paused")
+    # Its line shrinks on the page as the worker takes its tasks again.
+    backlog = page.locator("[data-backlog]")
+    await expect(backlog).not_to_have_text(re.compile(rf"^{held}\b"))
+
+
+async def visit_the_other_pages(tour: Tour) -> None:
+    page, url = tour.page, tour.url
+    await page.goto(f"{url}/q/{QUEUE}/groups")
+    await expect(page.locator("tr[data-group]").first).to_be_visible()
+    await tour.shoot("groups")
+    await page.goto(f"{url}/q/{QUEUE}/consumers")
+    await expect(page.locator('tr[data-consumer="worker-1"]')).to_contain_text("alive")
+    await tour.shoot("consumers")
+    await page.goto(f"{url}/q/{QUEUE}")
+    await expect(page.locator("#queue-figures polyline").first).to_be_attached()
+    await tour.shoot("queue")
+    await page.goto(url + "/")
+    await expect(page.locator(".card polyline").first).to_be_attached()
+    await tour.shoot("overview")

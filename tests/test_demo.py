@@ -23,9 +23,7 @@ import pytest
 
 from aiogroupq._cli import demo as _demo
 
-ROOT = Path(__file__).resolve().parents[1]
-#: liveness only: how long the demo may take to react before we call it hung
-PATIENCE = 60.0
+from ._spawn import PATIENCE, ROOT, Proc
 
 pytestmark = pytest.mark.skipif(
     not Path("/proc/self/cmdline").exists(), reason="finds processes in /proc"
@@ -49,27 +47,22 @@ def _processes_with(*needles: str) -> list[int]:
 
 
 class Demo:
-    """``python -m aiogroupq demo ...`` with its output in a file."""
+    """``python -m aiogroupq demo ...`` with its output in a file, waited on
+    from a synchronous test."""
 
     def __init__(self, tmp_path: Path, *args: str) -> None:
         self.tmpdir = tmp_path / "tmp"
         self.tmpdir.mkdir()
-        self.log = tmp_path / "demo.log"
         env = {**os.environ, "TMPDIR": str(self.tmpdir), "PYTHONUNBUFFERED": "1"}
-        with open(self.log, "wb") as out:
-            self.popen = subprocess.Popen(
-                [sys.executable, "-m", "aiogroupq", "demo", *args],
-                cwd=ROOT,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group, like a job
-            )
+        # its own session, like a shell job
+        self.proc = Proc(
+            ["demo", *args], tmp_path / "demo.log", env=env, new_session=True
+        )
+        self.popen = self.proc.popen
 
     @property
     def output(self) -> str:
-        return self.log.read_bytes().decode(errors="replace")  # keeps \r
+        return self.proc.output  # keeps \r
 
     def wait_for(self, pattern: str) -> re.Match[str]:
         deadline = time.monotonic() + PATIENCE

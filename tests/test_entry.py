@@ -130,16 +130,18 @@ async def test_entering_a_running_consumer_is_a_typed_error(
 # -- purge_dead ------------------------------------------------------------------
 
 
-async def _dead_letters(
-    redis_client: redis.asyncio.Redis, producer: aiogroupq.Producer, n: int
-) -> list[str]:
+async def _dead_letters(redis_client: redis.asyncio.Redis, n: int) -> list[str]:
     async def h(i: int) -> None:
         raise ValueError(i)
 
-    ids = [await producer.enqueue("h", i, max_attempts=1) for i in range(n)]
-    async with aiogroupq.Consumer(redis_client, queue=QUEUE, handlers={"h": h}):
+    async with aiogroupq.Producer(redis_client, queue=QUEUE) as producer:
+        ids = [await producer.enqueue("h", i, max_attempts=1) for i in range(n)]
+    async with (
+        aiogroupq.Admin(redis_client, queue=QUEUE) as admin,
+        aiogroupq.Consumer(redis_client, queue=QUEUE, handlers={"h": h}),
+    ):
         with anyio.fail_after(PATIENCE):
-            while len(await producer.dead_letters()) < n:
+            while len(await admin.dead_letters()) < n:
                 await anyio.sleep(0.01)
     return ids
 
@@ -149,24 +151,27 @@ async def test_purge_dead_with_no_ids_deletes_nothing(
 ) -> None:
     # purge_dead(*ids) with an id list that happened to be empty used to
     # delete every dead letter of the queue.
-    async with aiogroupq.Producer(redis_client, queue=QUEUE) as producer:
-        ids = await _dead_letters(redis_client, producer, 3)
-        assert await producer.purge_dead() == 0
-        assert await producer.purge_dead(*[]) == 0
-        assert len(await producer.dead_letters()) == 3
-        assert await producer.purge_dead(ids[0]) == 1
-        assert await producer.purge_dead(all=True) == 2
-        assert await producer.dead_letters() == []
+    ids = await _dead_letters(redis_client, 3)
+    async with (
+        aiogroupq.Admin(redis_client, queue=QUEUE) as admin,
+        aiogroupq.Producer(redis_client, queue=QUEUE) as producer,
+    ):
+        assert await admin.purge_dead() == 0
+        assert await admin.purge_dead(*[]) == 0
+        assert len(await admin.dead_letters()) == 3
+        assert await admin.purge_dead(ids[0]) == 1
+        assert await admin.purge_dead(all=True) == 2
+        assert await admin.dead_letters() == []
         assert await producer.status(ids[1]) is None
 
 
 async def test_purge_dead_refuses_ids_together_with_all(
     redis_client: redis.asyncio.Redis,
 ) -> None:
-    async with aiogroupq.Producer(redis_client, queue=QUEUE) as producer:
-        ids = await _dead_letters(redis_client, producer, 1)
+    ids = await _dead_letters(redis_client, 1)
+    async with aiogroupq.Admin(redis_client, queue=QUEUE) as admin:
         with pytest.raises(aiogroupq.ConfigurationError, match="not both"):
-            await producer.purge_dead(ids[0], all=True)
+            await admin.purge_dead(ids[0], all=True)
         with pytest.raises(aiogroupq.ConfigurationError, match="True or False"):
-            await producer.purge_dead(all="yes")  # type: ignore[arg-type]
-        assert len(await producer.dead_letters()) == 1
+            await admin.purge_dead(all="yes")  # type: ignore[arg-type]
+        assert len(await admin.dead_letters()) == 1

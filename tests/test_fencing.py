@@ -24,6 +24,7 @@ import aiogroupq
 from aiogroupq import TaskState
 from aiogroupq._store import scripts as _scripts
 from aiogroupq._store.keys import QueueKeys
+from aiogroupq._store.replies import FinishCode
 
 QUEUE = "fencing"
 KEYS = QueueKeys(QUEUE)
@@ -95,12 +96,12 @@ async def test_finish_with_the_token_of_a_recovered_attempt_is_refused(
     for kind, arg1, arg2 in late:
         stale = _scripts.Outcome("a1", old.token, kind, arg1, arg2)
         codes = await _scripts.finish(redis_client, KEYS, [stale], retention_ms=LONG_MS)
-        assert codes == [_scripts.LEASE_LOST], kind
+        assert codes == [FinishCode.LEASE_LOST], kind
         assert await dump(redis_client) == before, kind
     # The current attempt's outcome applies, and the group moves on.
     current = _scripts.Outcome("a1", new.token, "ok")
     codes = await _scripts.finish(redis_client, KEYS, [current], retention_ms=LONG_MS)
-    assert codes == [_scripts.APPLIED]
+    assert codes == [FinishCode.APPLIED]
     assert await redis_client.hget(KEYS.task("a1"), "s") == b"succeeded"
     nxt = await _scripts.claim(
         redis_client, KEYS, "other", k=1, lease_ms=LONG_MS, scan_limit=10
@@ -109,7 +110,7 @@ async def test_finish_with_the_token_of_a_recovered_attempt_is_refused(
     # A late outcome of the stalled attempt after the task ended: still refused.
     stale = _scripts.Outcome("a1", old.token, "ok")
     codes = await _scripts.finish(redis_client, KEYS, [stale], retention_ms=LONG_MS)
-    assert codes == [_scripts.LEASE_LOST]
+    assert codes == [FinishCode.LEASE_LOST]
 
 
 class _Blocker:

@@ -29,7 +29,7 @@ from ._damage import DAMAGES, KEYS, QUEUE, build, needs_priorities, new
 
 async def kinds(client: redis.asyncio.Redis) -> set[str]:
     """The kinds of problem the check reports."""
-    return {p.kind for p in await _fsck.check(client, KEYS)}
+    return {p.kind for p in (await _fsck.examine(client, KEYS)).problems}
 
 
 # -- healthy queues --------------------------------------------------------
@@ -38,8 +38,8 @@ async def kinds(client: redis.asyncio.Redis) -> set[str]:
 async def test_an_empty_database_is_consistent_and_empty(
     redis_client: redis.asyncio.Redis,
 ) -> None:
-    snap, problems = await _fsck.examine(redis_client, KEYS)
-    assert (snap.empty, problems) == (True, [])
+    found = await _fsck.examine(redis_client, KEYS)
+    assert (found.empty, found.problems) == (True, [])
 
 
 @pytest.mark.parametrize("priorities", [False, True])
@@ -48,8 +48,9 @@ async def test_every_healthy_shape_is_consistent(
 ) -> None:
     # build() asserts it too; here the snapshot is looked at as well.
     await build(redis_client, priorities=priorities)
-    snap, problems = await _fsck.examine(redis_client, KEYS)
-    assert problems == []
+    found = await _fsck.examine(redis_client, KEYS)
+    assert found.problems == []
+    (snap,) = found.snapshots
     assert not snap.empty
     assert snap.held == {"g4": ["d01", "d02"], "g6": ["f02"]}
     assert snap.rate_wakes() == {"g6"}
@@ -86,7 +87,7 @@ async def test_each_damage_is_reported_exactly(
     damage, expected = DAMAGES[name]
     q = await build(redis_client, priorities=needs_priorities(name))
     await damage(q)
-    problems = await _fsck.check(redis_client, KEYS)
+    problems = (await _fsck.examine(redis_client, KEYS)).problems
     assert {p.kind for p in problems} == expected, problems
     # Each problem names the key to look at, and it is one of this queue's.
     assert all(p.key is not None and p.key.startswith(KEYS.prefix) for p in problems)
@@ -122,14 +123,16 @@ async def test_a_line_task_lost_far_into_a_long_line_is_found(
         [new(f"d{i:02}", delay_ms=60_000) for i in range(30)],
         dedup_window_ms=60_000,
     )
-    assert await _fsck.check(redis_client, KEYS) == []
+    assert (await _fsck.examine(redis_client, KEYS)).problems == []
     assert ranges
     assert max(ranges) == 4
     # Damage deep in the line, the ready list and the delayed set.
     await redis_client.lset(KEYS.parked("g"), 25, "ghost1")
     await redis_client.lset(KEYS.ready, 27, "ghost2")
     await redis_client.zrem(KEYS.delayed, "d28")
-    found = {(p.kind, p.task_id) for p in await _fsck.check(redis_client, KEYS)}
+    found = {
+        (p.kind, p.task_id) for p in (await _fsck.examine(redis_client, KEYS)).problems
+    }
     assert found == {
         (_fsck.ORPHAN_ENTRY, "ghost1"),
         (_fsck.LOST_TASK, "a26"),
@@ -159,12 +162,14 @@ async def test_oversized_follows_the_consumers_limit(
         _scripts.NewTask("big", None, over, 0, 3, None),
     ]
     await _scripts.enqueue(redis_client, KEYS, tasks, dedup_window_ms=60_000)
-    found = await _fsck.check(redis_client, KEYS, max_payload=limit)
+    found = (await _fsck.examine(redis_client, KEYS, max_payload=limit)).problems
     assert [(p.kind, p.task_id) for p in found] == [(_fsck.OVERSIZED, "big")]
-    assert await _fsck.check(redis_client, KEYS, max_payload=limit + 1) == []
+    assert (
+        await _fsck.examine(redis_client, KEYS, max_payload=limit + 1)
+    ).problems == []
     # An envelope too large even to decode is refused by its size alone.
     await redis_client.hset(KEYS.task("ok"), "e", b"\xc4" * (limit + 2000))
-    found = await _fsck.check(redis_client, KEYS, max_payload=limit)
+    found = (await _fsck.examine(redis_client, KEYS, max_payload=limit)).problems
     assert {(p.kind, p.task_id) for p in found} == {
         (_fsck.OVERSIZED, "ok"),
         (_fsck.OVERSIZED, "big"),
@@ -187,7 +192,7 @@ async def test_every_key_queue_keys_makes_is_known(
     assert {"task", "group", "parked", "held", "inflight", "dedup"} <= set(makers)
     for name in makers:
         await redis_client.set(getattr(KEYS, name)("x"), "1")
-    found = await _fsck.check(redis_client, KEYS)
+    found = (await _fsck.examine(redis_client, KEYS)).problems
     assert [p for p in found if p.kind == _fsck.UNKNOWN_KEY] == []
     assert len(await redis_client.keys(KEYS.pattern())) == len(makers)
     # And every fixed key QueueKeys names is one the check knows.
@@ -230,13 +235,13 @@ async def test_check_command_reports_and_repairs(
     assert code == 1
     assert "lost-task task 'a03' group 'g1'" in out
     assert "bad-task task 'u01'" in out
-    problems = await _fsck.check(redis_client, KEYS)
+    problems = (await _fsck.examine(redis_client, KEYS)).problems
     assert out.splitlines()[-1] == f"queue {QUEUE!r}: {len(problems)} problems"
     code, out = await _cli(redis_url, "--queue", QUEUE, "--repair")
     assert code == 0, out
     assert "repaired: place task 'a03' group 'g1': put back in park:g1" in out
     assert out.splitlines()[-1].endswith("changes made, 0 problems left")
-    assert await _fsck.check(redis_client, KEYS) == []
+    assert (await _fsck.examine(redis_client, KEYS)).problems == []
     assert await q.line("g1") == ["a02", "a03", "a04"]
     assert await q.state("u01") == "dead"
 

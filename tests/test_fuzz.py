@@ -40,6 +40,7 @@ from aiogroupq._store.codec import (
     payload_decoder,
 )
 from aiogroupq._store.keys import QueueKeys
+from aiogroupq._store.queries import DeadRow
 from aiogroupq._work.handlers import build_routes
 from aiogroupq._work.runner import RetryPolicy, Running, run_task
 from aiogroupq.task import DeadLetter, Envelope
@@ -229,7 +230,7 @@ def test_read_decoders_raise_only_typed_errors() -> None:
         nonlocal tried, untyped
         tried += 1
         try:
-            row = _scripts.DeadRow("t", 0.0, envelope, "why", "", 1)
+            row = DeadRow("t", 0.0, envelope, "why", "", 1)
             letter = dead_letter(row)
             assert letter.reason == "why"
             reason = "decoded"
@@ -381,7 +382,8 @@ async def test_consumer_survives_thousands_of_random_envelopes(
                 crashes.append(exc)
 
         untyped: list[BaseException] = []
-        letters = await producer.dead_letters(limit=N + 10)
+        async with aiogroupq.Admin(redis_client, queue=QUEUE) as admin:
+            letters = await admin.dead_letters(limit=N + 10)
         dead = {letter.id: letter for letter in letters}
         for task_id in ids:
             try:

@@ -45,6 +45,12 @@ async def producer(
         yield p
 
 
+@pytest.fixture
+async def admin(redis_client: redis.asyncio.Redis) -> AsyncIterator[aiogroupq.Admin]:
+    async with aiogroupq.Admin(redis_client, queue=QUEUE) as a:
+        yield a
+
+
 async def test_run_at_is_validated_and_delays(
     producer: aiogroupq.Producer, redis_client: redis.asyncio.Redis
 ) -> None:
@@ -160,7 +166,9 @@ async def test_results(
 
 
 async def test_halt_policy_stops_only_that_group_until_requeued(
-    producer: aiogroupq.Producer, redis_client: redis.asyncio.Redis
+    producer: aiogroupq.Producer,
+    admin: aiogroupq.Admin,
+    redis_client: redis.asyncio.Redis,
 ) -> None:
     ran: list[tuple[str, int, int]] = []
     healed = False
@@ -185,7 +193,7 @@ async def test_halt_policy_stops_only_that_group_until_requeued(
         await anyio.sleep(0.2)
         # Group "a" is halted behind its dead head; "b" went on.
         assert [await producer.status(t) for t in behind] == [TaskState.QUEUED] * 2
-        [letter] = await producer.dead_letters()
+        [letter] = await admin.dead_letters()
         assert letter.id == poison
         assert letter.reason == "RuntimeError: poison"
         assert "RuntimeError" in letter.traceback
@@ -194,12 +202,12 @@ async def test_halt_policy_stops_only_that_group_until_requeued(
         await wait_for(lambda: _true(len(notices) == 1))
         assert notices[0].id == poison
         healed = True
-        assert await producer.requeue_dead(poison) == 1
+        assert await admin.requeue_dead(poison) == 1
         await wait_for(lambda: _is(producer, behind[-1], TaskState.SUCCEEDED))
     a_runs = [(n, attempt) for group, n, attempt in ran if group == "a"]
     # The requeued task got a fresh set of attempts and ran before the rest.
     assert a_runs == [(1, 1), (1, 2), (1, 1), (2, 1), (3, 1)]
-    assert await producer.dead_letters() == []
+    assert await admin.dead_letters() == []
 
 
 async def _true(value: bool) -> bool:
@@ -207,7 +215,9 @@ async def _true(value: bool) -> bool:
 
 
 async def test_release_group_and_purge(
-    producer: aiogroupq.Producer, redis_client: redis.asyncio.Redis
+    producer: aiogroupq.Producer,
+    admin: aiogroupq.Admin,
+    redis_client: redis.asyncio.Redis,
 ) -> None:
     async def h(n: int) -> None:
         if n < 0:
@@ -221,16 +231,16 @@ async def test_release_group_and_purge(
     async with consuming(redis_client, {"h": handler}):
         await wait_for(lambda: _is(producer, second_poison, TaskState.DEAD))
         await wait_for(lambda: _is(producer, first_poison, TaskState.DEAD))
-        assert await producer.release_group("a") is True
-        assert await producer.release_group("a") is False
+        assert await admin.release_group("a") is True
+        assert await admin.release_group("a") is False
         await wait_for(lambda: _is(producer, after_first, TaskState.SUCCEEDED))
         # Purging the task that halts "b" lets "b" go on too.
         assert await producer.status(after_second) is TaskState.QUEUED
-        assert await producer.purge_dead(all=True) == 2
+        assert await admin.purge_dead(all=True) == 2
         await wait_for(lambda: _is(producer, after_second, TaskState.SUCCEEDED))
     assert await producer.status(first_poison) is None
     with pytest.raises(aiogroupq.InvalidGroupError):
-        await producer.release_group("")
+        await admin.release_group("")
 
 
 async def test_no_retry_and_per_type_timeout(

@@ -143,16 +143,12 @@ async def _expire_and_take(client: redis.asyncio.Redis, task_id: str) -> bool:
     """Expire *task_id*'s lease and claim it as consumer "other", atomically;
     whether "other" got it."""
     script = _scripts.CLAIM
-    keys = (
-        *(KEYS.ready, KEYS.delayed, KEYS.leases, KEYS.wake, KEYS.fence, KEYS.dead),
-        KEYS.inflight("other"),
-        KEYS.last_claim("other"),
-    )
-    argv = (KEYS.prefix, "other", 1, 600_000, 9, 1000, 100, "n0", 3_600_000)
+    extra = (KEYS.inflight("other"), KEYS.last_claim("other"))
+    args = ("other", 1, 600_000, 9, 1000, 100, "n0", 3_600_000)
     await client.script_load(script.source)
     async with client.pipeline(transaction=True) as pipe:
         pipe.zadd(KEYS.leases, {task_id: 0}, xx=True)
-        pipe.evalsha(script.sha, len(keys), *keys, *argv)
+        pipe.execute_command(*script.command(KEYS, extra, args))
         _, reply = await pipe.execute()
     return task_id.encode() in reply[6::6]  # ids of the claimed tasks
 

@@ -22,7 +22,7 @@ order), and thereby checks:
 * no head-of-line blocking: a claim that returns fewer than k tasks leaves
   nothing runnable behind.
 
-After every step ``_fsck.check`` must report nothing and the keys must equal
+After every step ``_fsck.examine`` must find nothing and the keys must equal
 the model.
 
 Time is simulated, so that a run is deterministic (hypothesis replays and
@@ -58,6 +58,7 @@ from hypothesis.stateful import (
 from aiogroupq._inspect import check as _fsck
 from aiogroupq._store import scripts as _scripts
 from aiogroupq._store.keys import QueueKeys
+from aiogroupq._store.replies import CancelCode, FinishCode
 
 from ._tasks import envelope_of
 
@@ -367,8 +368,17 @@ class QueueMachine(RuleBasedStateMachine):
                 self.client, KEYS, consumer, k=k, lease_ms=LEASE_MS, scan_limit=1000
             )
         )
-        dead: list[str] = []
         # (a) Every expired lease is recovered, before anything is claimed.
+        assert list(reply.dead) == self.recover_expired()
+        # (b) What falls due is promoted in due order (ties: by member).
+        self.promote_due()
+        # (c) Claim from the front, exactly as the model's lists say.
+        expected = self.claim_from_front(k)
+        self.check_claimed(reply, k, expected)
+
+    def recover_expired(self) -> list[str]:
+        """The model of a claim's recovery; the ids it dead-letters."""
+        dead: list[str] = []
         for task_id in self.running():
             task = self.tasks[task_id]
             if not task.expired_lease:
@@ -387,8 +397,10 @@ class QueueMachine(RuleBasedStateMachine):
                 event("recovery: requeued")
                 task.state = "queued"  # keeps its slot, at the front
                 self.push(task.id, front=True)
-        assert list(reply.dead) == dead
-        # (b) What falls due is promoted in due order (ties: by member).
+        return dead
+
+    def promote_due(self) -> None:
+        """The model of a claim's promotion of due tasks and rate wake-ups."""
         due: list[tuple[int, str]] = [
             (t.due or 0, t.id)
             for t in self.tasks.values()
@@ -423,7 +435,9 @@ class QueueMachine(RuleBasedStateMachine):
                 event("promoted: first delay")
                 task.state = "queued"
                 self.route(task)
-        # (c) Claim from the front, exactly as the model's lists say.
+
+    def claim_from_front(self, k: int) -> list[str]:
+        """The model of the claim itself: the ids it hands out, in order."""
         expected: list[str] = []
         while len(expected) < k:
             popped = self.pop()
@@ -452,6 +466,12 @@ class QueueMachine(RuleBasedStateMachine):
             if grp is not None and grp.rate:
                 grp.window_until, grp.window_cleared = self.now + RATE_MS, False
             expected.append(popped)
+        return expected
+
+    def check_claimed(
+        self, reply: _scripts.ClaimReply, k: int, expected: list[str]
+    ) -> None:
+        """The reply against the model; the model then runs what was claimed."""
         assert [c.id for c in reply.tasks] == expected, (
             [c.id for c in reply.tasks],
             expected,
@@ -493,7 +513,7 @@ class QueueMachine(RuleBasedStateMachine):
             if task.expired_lease:  # too late: refused, the task is recovered
                 event("finish: refused after the lease expired")
                 outcomes.append(_scripts.Outcome(task_id, task.token, "ok"))
-                expected.append(_scripts.LEASE_LOST)
+                expected.append(FinishCode.LEASE_LOST)
                 continue
             # Retries weigh double: they are what group order is hardest on.
             kind = data.draw(
@@ -506,7 +526,7 @@ class QueueMachine(RuleBasedStateMachine):
             outcomes.append(_scripts.Outcome(task_id, task.token, kind, arg1, "err"))
             converted = task.cancel_requested and kind in ("retry", "back")
             expected.append(
-                _scripts.APPLIED_AS_CANCEL if converted else _scripts.APPLIED
+                FinishCode.APPLIED_AS_CANCEL if converted else FinishCode.APPLIED
             )
             self.retire(task)
             task.finished_with = task.token
@@ -539,7 +559,7 @@ class QueueMachine(RuleBasedStateMachine):
         for outcome in extra:
             outcomes.append(outcome)
             done = self.tasks[outcome.id].finished_with == outcome.token
-            expected.append(_scripts.DUPLICATE if done else _scripts.LEASE_LOST)
+            expected.append(FinishCode.DUPLICATE if done else FinishCode.LEASE_LOST)
         codes = self.run(
             _scripts.finish(self.client, KEYS, outcomes, retention_ms=RETENTION_MS)
         )
@@ -584,7 +604,7 @@ class QueueMachine(RuleBasedStateMachine):
             _scripts.cancel(self.client, KEYS, task.id, retention_ms=RETENTION_MS)
         )
         if task.state in ("queued", "delayed"):
-            assert code == _scripts.CANCELLED
+            assert code is CancelCode.CANCELLED
             g = self.groups[task.group] if task.group else None
             if task.held:
                 assert g is not None
@@ -600,12 +620,12 @@ class QueueMachine(RuleBasedStateMachine):
                     g.order.remove(task.id)
             task.state, task.due, task.due_now = "cancelled", None, False
         elif task.state == "running":
-            assert code == _scripts.REQUESTED
+            assert code is CancelCode.REQUESTED
             task.cancel_requested = True
         elif task.state == "cancelled":  # a re-sent cancel: same answer
-            assert code == _scripts.CANCELLED
+            assert code is CancelCode.CANCELLED
         else:
-            assert code == _scripts.FINISHED
+            assert code is CancelCode.FINISHED
 
     @precondition(lambda self: any(t.state == "dead" for t in self.tasks.values()))
     @rule(data=st.data())
@@ -721,7 +741,7 @@ class QueueMachine(RuleBasedStateMachine):
 
     @invariant()
     def keys_match_the_model(self) -> None:
-        assert self.run(_fsck.check(self.client, KEYS)) == []
+        assert self.run(_fsck.examine(self.client, KEYS)).problems == []
         ids = sorted(self.tasks)
         fields, groups, parks, helds, ready, pready, delayed, leases = self.run(
             self.read(ids)

@@ -15,6 +15,7 @@ from redis.exceptions import NoScriptError
 import aiogroupq
 from aiogroupq._store import scripts as _scripts
 from aiogroupq._store.keys import QueueKeys
+from aiogroupq._store.replies import FinishCode
 
 QUEUE = "noscript"
 KEYS = QueueKeys(QUEUE)
@@ -56,7 +57,7 @@ async def test_a_flush_between_load_and_retry_does_not_reach_the_caller(
         assert sorted(t.id for t in reply.tasks) == sorted(ids[:3])
         outcomes = [_scripts.Outcome(t.id, t.token, "ok") for t in reply.tasks]
         codes = await _scripts.finish(redis_client, KEYS, outcomes, retention_ms=60_000)
-        assert codes == [_scripts.APPLIED] * 3
+        assert codes == [FinishCode.APPLIED] * 3
         assert len(loads) == 3  # every call met NOSCRIPT, and none failed
         for task_id in ids[:3]:
             assert await producer.status(task_id) is aiogroupq.TaskState.SUCCEEDED

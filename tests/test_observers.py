@@ -285,7 +285,8 @@ async def test_a_failing_observer_changes_nothing(
             ):
                 await wait_state(producer, good, TaskState.SUCCEEDED)
                 await wait_state(producer, failing, TaskState.DEAD)
-            (letter,) = await producer.dead_letters()
+            async with aiogroupq.Admin(redis_client, queue=QUEUE) as admin:
+                (letter,) = await admin.dead_letters()
     # The handler's error, not the observer's exit error, is what counted.
     assert letter.reason == "ValueError: the handler's own"
     assert EventKind.SUCCEEDED in recorder.kinds(good)

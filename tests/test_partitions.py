@@ -22,6 +22,7 @@ from aiogroupq._inspect import check as _fsck
 from aiogroupq._store import scripts as _scripts
 from aiogroupq._store.keys import QueueKeys, id_partition
 from aiogroupq._store.partition import Partitions
+from aiogroupq._store.replies import StaleLayoutRefusal
 
 #: liveness only
 PATIENCE = 30.0
@@ -164,7 +165,10 @@ async def test_operations_by_id_reach_the_tasks_partition(
         "echo": aiogroupq.Handler(echo, store_result=True),
     }
     groups = [groups_in(p, 3, 1, "ops")[0] for p in range(3)]
-    async with Producer(redis_client, queue="ops", partitions=3) as producer:
+    async with (
+        Producer(redis_client, queue="ops", partitions=3) as producer,
+        aiogroupq.Admin(redis_client, queue="ops") as admin,
+    ):
         doomed = [
             await producer.enqueue("fail", i, group=g) for i, g in enumerate(groups)
         ]
@@ -179,18 +183,17 @@ async def test_operations_by_id_reach_the_tasks_partition(
         assert results == [0, 2, 4]
         states = await producer.status_many([echoed[2], doomed[1], "0" * 28, later])
         assert states == [TaskState.SUCCEEDED, TaskState.DEAD, None, TaskState.DELAYED]
-        letters = await producer.dead_letters()
+        letters = await admin.dead_letters()
         assert sorted(letter.id for letter in letters) == sorted(doomed)
         assert await producer.cancel(later) is True
         assert await producer.status(later) == TaskState.CANCELLED
-        assert await producer.requeue_dead(doomed[0], doomed[1]) == 2
+        assert await admin.requeue_dead(doomed[0], doomed[1]) == 2
         assert await producer.status(doomed[1]) == TaskState.QUEUED
-        assert await producer.purge_dead(all=True) == 1
-        assert await producer.dead_letters() == []
-        async with aiogroupq.Admin(redis_client, queue="ops") as admin:
-            details = await admin.task(doomed[2 - 2])
-            assert details.state == TaskState.QUEUED
-            assert details.group == groups[0]
+        assert await admin.purge_dead(all=True) == 1
+        assert await admin.dead_letters() == []
+        details = await admin.task(doomed[2 - 2])
+        assert details.state == TaskState.QUEUED
+        assert details.group == groups[0]
     assert await aiogroupq.check_queue(redis_client, "ops") == []
 
 
@@ -341,7 +344,7 @@ async def test_an_unrouted_call_is_refused_by_a_partitioned_queue(
         max_attempts=1,
         dedup_key=None,
     )
-    with pytest.raises(_scripts.StaleLayoutRefusal):
+    with pytest.raises(StaleLayoutRefusal):
         await _scripts.enqueue(
             redis_client, QueueKeys("stale"), [task], dedup_window_ms=1000
         )

@@ -401,7 +401,7 @@ async def test_methods_outside_async_with_raise_runtime_error(
     with pytest.raises(RuntimeError, match="async with"):
         await producer.status("0" * 28)
     with pytest.raises(RuntimeError, match="async with"):
-        await producer.dead_letters()
+        await producer.status_many(["0" * 28])
     assert await redis_client.dbsize() == 0
     async with producer:
         await producer.enqueue("t", None)

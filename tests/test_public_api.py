@@ -111,6 +111,25 @@ def test_public_objects_report_the_public_module(name: str) -> None:
     assert getattr(aiogroupq, name).__module__ == "aiogroupq"
 
 
+def _methods(cls: type) -> set[str]:
+    return {
+        name
+        for name, member in inspect.getmembers(cls)
+        if not name.startswith("_") and callable(member)
+    }
+
+
+def test_producer_and_admin_share_no_method() -> None:
+    # Reading and writing tasks is the producer's; operating the queue
+    # (settings, dead letters, views) is the admin's. A method on both would
+    # leave users two ways to do one thing.
+    assert _methods(aiogroupq.Producer) & _methods(aiogroupq.Admin) == set()
+    assert {"dead_letters", "requeue_dead", "purge_dead", "release_group"} <= (
+        _methods(aiogroupq.Admin)
+    )
+    assert {"status", "status_many"} <= _methods(aiogroupq.Producer)
+
+
 def test_version_is_a_string() -> None:
     assert isinstance(aiogroupq.__version__, str)
     assert aiogroupq.__version__

@@ -38,15 +38,15 @@ async def test_each_damage_is_repaired_and_the_queue_drains_in_order(
     damage, kinds = DAMAGES[name]
     q = await build(redis_client, priorities=needs_priorities(name))
     await damage(q)
-    found = await _fsck.check(redis_client, KEYS)
+    found = (await _fsck.examine(redis_client, KEYS)).problems
     assert {p.kind for p in found} == kinds, found
     done, left = await _repair.repair(redis_client, KEYS)
     assert left == [], (left, done)
-    assert await _fsck.check(redis_client, KEYS) == []
+    assert (await _fsck.examine(redis_client, KEYS)).problems == []
     # Idempotent: a second repair finds nothing to do.
     assert await _repair.repair(redis_client, KEYS) == ([], [])
     assert_in_order(q, await drain(q), ordered=name not in UNORDERED)
-    assert await _fsck.check(redis_client, KEYS) == []
+    assert (await _fsck.examine(redis_client, KEYS)).problems == []
 
 
 # -- random damage ---------------------------------------------------------------
@@ -168,14 +168,14 @@ async def test_random_damage_is_repaired_and_the_queue_drains_in_order(
         damages += len(done)
         made, left = await _repair.repair(redis_client, KEYS)
         assert left == [], (case, done, left, made)
-        assert await _fsck.check(redis_client, KEYS) == [], (case, done)
+        assert (await _fsck.examine(redis_client, KEYS)).problems == [], (case, done)
         changes += len(made)
         seen = await drain(q)
         try:
             assert_in_order(q, seen)
         except AssertionError as exc:
             raise AssertionError((case, done, made, seen.starts)) from exc
-        assert await _fsck.check(redis_client, KEYS) == [], (case, done)
+        assert (await _fsck.examine(redis_client, KEYS)).problems == [], (case, done)
     print(  # noqa: T201 - the figures this test reports
         f"{CASES} queues, {damages} random damages: all repaired with {changes} "
         "changes, check clean, every queue drained in group order"
@@ -241,7 +241,7 @@ async def test_repair_of_a_live_queue_keeps_order_and_loses_nothing(
     assert len(starts) == groups
     assert most == 1
     assert {c.step for c in changes} <= {"stat", "index", "group"}, changes
-    assert await _fsck.check(redis_client, keys) == []
+    assert (await _fsck.examine(redis_client, keys)).problems == []
     print(  # noqa: T201 - the figures this test reports
         f"{repairs} repairs during a live drain of {groups * per_group} tasks: "
         f"{len(changes)} changes ({sorted({c.step for c in changes})})"
@@ -261,14 +261,16 @@ async def test_repair_in_long_lists(redis_client: redis.asyncio.Redis) -> None:
         await _scripts.enqueue(
             redis_client, KEYS, tasks[start : start + 2000], dedup_window_ms=60_000
         )
-    assert await _fsck.check(redis_client, KEYS) == []
+    assert (await _fsck.examine(redis_client, KEYS)).problems == []
     await redis_client.lrem(KEYS.ready, 1, "u10500")
     await redis_client.linsert(KEYS.ready, "BEFORE", "u10400", "u10300")
     await redis_client.lrem(KEYS.parked("hot"), 1, "h10501")
     await redis_client.hincrby(KEYS.group("hot"), "w", -1)
     await redis_client.hincrby(KEYS.stats, "parked", -1)
     await redis_client.zincrby(KEYS.backlog, -1, "hot")
-    found = {(p.kind, p.task_id) for p in await _fsck.check(redis_client, KEYS)}
+    found = {
+        (p.kind, p.task_id) for p in (await _fsck.examine(redis_client, KEYS)).problems
+    }
     assert found == {
         (_fsck.LOST_TASK, "u10500"),
         (_fsck.DUPLICATE, "u10300"),

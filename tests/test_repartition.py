@@ -23,6 +23,7 @@ import aiogroupq
 from aiogroupq import Producer, Task
 from aiogroupq._store import scripts as _scripts
 from aiogroupq._store.keys import QueueKeys, id_partition
+from aiogroupq._store.replies import StaleLayoutRefusal
 
 from ._journal import Job, Journal, check, make_handlers
 
@@ -212,7 +213,7 @@ async def test_a_group_that_does_not_drain_keeps_the_move_open(
         first = await producer.enqueue("boom", 0, group=halted)
         async with aiogroupq.Consumer(redis_client, queue=queue, handlers=handlers):
             with anyio.fail_after(PATIENCE):
-                while not await producer.dead_letters():
+                while not await admin.dead_letters():
                     await anyio.sleep(0.02)
             await admin.start_repartition(2)
             # Live (halted) in partition 3: its next task stays there.
@@ -223,15 +224,15 @@ async def test_a_group_that_does_not_drain_keeps_the_move_open(
             assert any("partition 3" in r for r in reasons), reasons
             # Requeueing the dead task is refused neither way: its group is
             # still live in partition 3.
-            assert await producer.release_group(halted)
+            assert await admin.release_group(halted)
             with anyio.fail_after(PATIENCE):
                 while 1 not in ran:
                     await anyio.sleep(0.02)
             # Dead letters of the retiring partition block until purged;
             # the group no longer lives there, so a requeue is refused.
-            assert await producer.requeue_dead(first) == 0
+            assert await admin.requeue_dead(first) == 0
             assert any("partition 3" in r for r in await admin.finish_repartition())
-            assert await producer.purge_dead(first) == 1
+            assert await admin.purge_dead(first) == 1
             assert await _wait_layout(admin) is not None
             assert await admin.partitions() == (2, None)
             third = await producer.enqueue("boom", 2, group=halted)
@@ -245,7 +246,7 @@ async def test_a_group_that_does_not_drain_keeps_the_move_open(
         id="d" * 28 + "-3", group=None, envelope=b"\x90", delay_ms=0,
         max_attempts=1, dedup_key=None,
     )  # fmt: skip
-    with pytest.raises(_scripts.StaleLayoutRefusal):
+    with pytest.raises(StaleLayoutRefusal):
         await _scripts.enqueue(
             redis_client,
             QueueKeys(queue, 3),

@@ -7,9 +7,8 @@ import logging
 import signal
 import sys
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
-from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import anyio
@@ -19,7 +18,7 @@ import redis.asyncio
 from hypothesis import given, settings
 
 import aiogroupq
-from aiogroupq._inspect.check import check
+from aiogroupq._inspect.check import examine
 from aiogroupq._store.codec import unpack
 from aiogroupq._store.keys import QueueKeys
 from aiogroupq._store.partition import Partitions
@@ -27,10 +26,8 @@ from aiogroupq._work import schedule as _schedule
 from aiogroupq._work.schedule import Scheduler, _CronTicks, _IntervalTicks
 
 from . import schedule_app
-from .test_cli import Proc
+from ._spawn import PATIENCE, Spawn
 
-#: liveness only: how long anything may take before we call it hung
-PATIENCE = 60.0
 NY = ZoneInfo("America/New_York")
 UTC = ZoneInfo("UTC")
 
@@ -471,7 +468,7 @@ async def test_first_start_registers_the_schedule_and_enqueues_no_past_tick(
         # The next tick is enqueued half a second ahead, due at the tick.
         await _until(lambda: _has_tick(redis_client, queue, before // S * S + S))
     assert before <= registered <= before + S
-    assert await check(redis_client, QueueKeys(queue)) == []
+    assert (await examine(redis_client, QueueKeys(queue))).problems == []
 
 
 async def _has_tick(client: redis.asyncio.Redis, queue: str, tick: int) -> bool:
@@ -498,7 +495,7 @@ async def test_ticks_missed_while_no_consumer_ran(
     last, missed_ticks = outcome
     assert missed_ticks == ([] if missed == "skip" else [last + 2 * S])
     assert Counter(await _ticks_enqueued(redis_client, queue)).most_common(1)[0][1] == 1
-    assert await check(redis_client, QueueKeys(queue)) == []
+    assert (await examine(redis_client, QueueKeys(queue))).problems == []
 
 
 async def _miss_two_ticks(
@@ -575,7 +572,7 @@ async def test_a_grouped_schedule_never_overlaps_and_runs_in_tick_order(
     print(f"{len(starts)} runs of {enqueued} ticks enqueued")  # noqa: T201
     assert starts == sorted(starts)
     assert len(set(starts)) == len(starts)
-    assert await check(redis_client, QueueKeys(queue)) == []
+    assert (await examine(redis_client, QueueKeys(queue))).problems == []
 
 
 async def _lines(client: redis.asyncio.Redis, key: str) -> list[str]:
@@ -635,22 +632,6 @@ async def test_a_wrong_typed_tick_key_does_not_stop_the_consumer(
 
 # -- several worker processes -------------------------------------------------
 
-Spawn = Callable[..., Proc]
-
-
-@pytest.fixture
-def spawn(tmp_path: Path) -> Iterator[Spawn]:
-    """``spawn(*args)`` starts ``python -m aiogroupq *args``."""
-    made: list[Proc] = []
-
-    def start(*args: str) -> Proc:
-        made.append(Proc(args, tmp_path / f"proc{len(made)}.log"))
-        return made[-1]
-
-    yield start
-    for proc in made:  # a failed test leaves no process behind
-        proc.kill()
-
 
 @pytest.mark.slow
 async def test_three_worker_processes_enqueue_each_tick_exactly_once(
@@ -698,7 +679,7 @@ async def test_three_worker_processes_enqueue_each_tick_exactly_once(
     assert ticks[0] <= first + 1000
     assert ticks[-1] >= last - 1000
     assert min(late) >= 0, "a run started before its tick (server clock)"
-    assert await check(redis_client, QueueKeys(queue)) == []
+    assert (await examine(redis_client, QueueKeys(queue))).problems == []
 
 
 async def _all_ran(client: redis.asyncio.Redis, queue: str) -> bool:

@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import aiogroupq
 from aiogroupq._store import scripts as _scripts
 from aiogroupq._store.keys import QueueKeys
+from aiogroupq._store.replies import FinishCode
 
 from ._journal import Entry, Job, Journal, check, consumer_processes, make_handlers
 from ._tasks import envelope_of
@@ -117,7 +118,7 @@ async def _simulate(
         codes = await _scripts.finish(
             client, FAIR, [_scripts.Outcome(done.id, done.token, "ok")], retention_ms=0
         )
-        assert codes == [_scripts.APPLIED]
+        assert codes == [FinishCode.APPLIED]
         finished += 1
         group: bytes = await client.hget(FAIR.task(done.id), "g") or b""  # type: ignore[assignment]
         left[group.decode()] -= 1

@@ -28,7 +28,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections import Counter, defaultdict, deque
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import ExitStack, asynccontextmanager, suppress
 from dataclasses import dataclass
@@ -44,6 +44,7 @@ from redis.exceptions import RedisError
 import aiogroupq
 
 from .._store.keys import QueueKeys
+from ..testing._journal import GroupWatch
 from ..testing._server import ServerProcess, ServerStartError
 from .demo_console import Console, Interrupted, StopSignals
 
@@ -209,8 +210,7 @@ def verify(jobs: Sequence[Job], journal: Sequence[bytes | str]) -> Verdict:
     starts: Counter[int] = Counter()
     ends: Counter[int] = Counter()
     order = overlaps = 0
-    highest: dict[str, int] = {}
-    running: defaultdict[str, set[int]] = defaultdict(set)
+    watch: GroupWatch[int, int] = GroupWatch()
     first_us = last_us = 0
     records = [
         (raw.decode() if isinstance(raw, bytes) else raw).split(" ", 7)
@@ -228,18 +228,17 @@ def verify(jobs: Sequence[Job], journal: Sequence[bytes | str]) -> Verdict:
             ends[i] += 1
             last_us = max(last_us, at_us)
             if group is not None:
-                running[group].discard(i)
+                watch.close(group, i)
             continue
         starts[i] += 1
         first_us = at_us if not first_us else min(first_us, at_us)
         if group is None:
             continue
-        if running[group]:
+        if watch.open(group, i, i):
             overlaps += 1
-        running[group].add(i)
-        if seq < highest.get(group, -1):
+        reached = watch.place(group, seq, i)
+        if reached is not None and seq < reached.position:
             order += 1
-        highest[group] = max(seq, highest.get(group, -1))
     return Verdict(
         ran=len(starts),
         ran_twice=sum(1 for n in starts.values() if n > 1),
@@ -342,10 +341,10 @@ class _Run:
         return 128 + (self.stop.signum or signal.SIGINT)
 
     async def _drive(self, processes: int, concurrency: int) -> int:
-        url, queue, jobs, say = self.url, self.queue, self.jobs, self.console.say
-        keys = journal_keys(queue)
+        say = self.console.say
+        keys = journal_keys(self.queue)
         try:
-            client = redis.asyncio.Redis.from_url(url)
+            client = redis.asyncio.Redis.from_url(self.url)
         except ValueError as exc:
             say(f"aiogroupq demo: error: {exc}", err=True)
             return 2
@@ -355,32 +354,10 @@ class _Run:
             except (RedisError, OSError) as exc:
                 say(f"aiogroupq demo: error: cannot reach the server: {exc}", err=True)
                 return 2
-            argv = [sys.executable, "-m", "aiogroupq", "worker", f"{__name__}:worker"]
-            argv += ["--queue", queue, "--redis-url", url]
-            argv += ["--processes", str(processes), "--concurrency", str(concurrency)]
-            argv += ["--parent-pid", str(os.getpid())]
-            # A session of its own: a Ctrl-C reaches only us; we stop the workers.
-            process = await anyio.open_process(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=self.log,
-                stderr=self.log,
-                start_new_session=True,
-            )
+            process = await self._start_workers(processes, concurrency)
             try:
                 started = anyio.current_time()
-                async with aiogroupq.Producer(client, queue=queue) as producer:
-                    ids: list[str] = []
-                    for at in range(0, len(jobs), BATCH):
-                        ids += await producer.enqueue_many(
-                            aiogroupq.Task(job.type, job, group=job.group)
-                            for job in jobs[at : at + BATCH]
-                        )
-                took = anyio.current_time() - started
-                say(
-                    f"enqueued: {len(ids):,} tasks in {took:.2f} s "
-                    f"({len(ids) / took:,.0f} tasks/s, batches of {BATCH:,})"
-                )
+                ids = await self._enqueue(client, started)
                 finished = await self._follow(client, keys[2], len(ids), process)
                 elapsed = anyio.current_time() - started
                 self.console.progress("stopping the workers", final=True)
@@ -399,19 +376,67 @@ class _Run:
                     if not self.throwaway:  # a throwaway server goes as a whole
                         with anyio.move_on_after(10):
                             await self._clean_up(client)
-        verdict = verify(jobs, journal)
-        _report(verdict, len(jobs), states, elapsed, say)
+        checks = (
+            (finished, "the workers exited or stalled before the end"),
+            (process.returncode == 0, f"workers' exit status {process.returncode}"),
+        )
+        return self._conclude(journal, states, elapsed, checks)
+
+    async def _start_workers(self, processes: int, concurrency: int) -> Process:
+        """``aiogroupq worker`` on the demo's queue, its output in the log."""
+        argv = [sys.executable, "-m", "aiogroupq", "worker", f"{__name__}:worker"]
+        argv += ["--queue", self.queue, "--redis-url", self.url]
+        argv += ["--processes", str(processes), "--concurrency", str(concurrency)]
+        argv += ["--parent-pid", str(os.getpid())]
+        # A session of its own: a Ctrl-C reaches only us; we stop the workers.
+        return await anyio.open_process(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=self.log,
+            start_new_session=True,
+        )
+
+    async def _enqueue(self, client: redis.asyncio.Redis, started: float) -> list[str]:
+        """Enqueue the plan in batches of :data:`BATCH`; return the ids."""
+        jobs = self.jobs
+        async with aiogroupq.Producer(client, queue=self.queue) as producer:
+            ids: list[str] = []
+            for at in range(0, len(jobs), BATCH):
+                ids += await producer.enqueue_many(
+                    aiogroupq.Task(job.type, job, group=job.group)
+                    for job in jobs[at : at + BATCH]
+                )
+        took = anyio.current_time() - started
+        self.console.say(
+            f"enqueued: {len(ids):,} tasks in {took:.2f} s "
+            f"({len(ids) / took:,.0f} tasks/s, batches of {BATCH:,})"
+        )
+        return ids
+
+    def _conclude(
+        self,
+        journal: Sequence[bytes | str],
+        states: Counter[str],
+        elapsed: float,
+        checks: Sequence[tuple[bool, str]],
+    ) -> int:
+        """Verify the journal, print the figures and the result; return the
+        exit status (0 if every check holds)."""
+        verdict = verify(self.jobs, journal)
+        _report(verdict, len(self.jobs), states, elapsed, self.console.say)
         problems = [
             text
             for ok, text in (
-                (finished, "the workers exited or stalled before the end"),
-                (process.returncode == 0, f"workers' exit status {process.returncode}"),
+                *checks,
                 (verdict.ok, "the journal shows violations"),
-                (states == {"succeeded": len(ids)}, "not every task succeeded"),
+                (states == {"succeeded": len(self.jobs)}, "not every task succeeded"),
             )
             if not ok
         ]
-        say("result:   " + ("FAILED: " + "; ".join(problems) if problems else "OK"))
+        self.console.say(
+            "result:   " + ("FAILED: " + "; ".join(problems) if problems else "OK")
+        )
         return 1 if problems else 0
 
     async def _follow(

@@ -17,17 +17,20 @@ import os
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any, Final
 
 import anyio
 
-from .._inspect import views as _views
+from .._inspect import render as show, views as _views
 from .._store import layout as _layout, scripts as _scripts, validate as _validate
-from .._store.connection import Client, open_client, unavailable_as_error
+from .._store.connection import Client, open_client
 from .._store.defaults import DEFAULT_RETENTION
+from .._store.failures import unavailable_as_error
 from .._store.fanout import by_partition, requeue_dead
 from .._store.keys import QueueKeys
 from .._store.partition import Partitions
+from .._store.replies import CancelCode
 from ..admin import MAX_PAGE, Admin
 from ..errors import (
     AiogroupqError,
@@ -37,7 +40,6 @@ from ..errors import (
     TaskNotFoundError,
 )
 from ..producer import Producer
-from . import render as show
 
 COMMANDS: Final = frozenset(
     {
@@ -65,7 +67,6 @@ def add_commands(
     :param commands: the parser's subcommands
     :param redis_url: the default ``--redis-url``
     """
-
     # Every command that runs takes these, after its own arguments or before.
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -78,18 +79,39 @@ def add_commands(
         default=os.environ.get("REDIS_URL", redis_url),
         help="Redis URL (default: $REDIS_URL, else %(default)s)",
     )
+    adder = _Adder(commands, common)
+    _add_reading(adder)
+    _add_dead(adder)
+    _add_acting(adder)
+
+
+@dataclass(frozen=True, slots=True)
+class _Adder:
+    """Adds commands that take the common options (``--queue``,
+    ``--redis-url``)."""
+
+    commands: argparse._SubParsersAction[argparse.ArgumentParser]
+    common: argparse.ArgumentParser
 
     def command(
-        name: str, text: str, description: str, *, leaf: bool = True
+        self, name: str, text: str, description: str, *, leaf: bool = True
     ) -> argparse.ArgumentParser:
-        return commands.add_parser(
-            name, help=text, description=description, parents=[common] if leaf else []
+        """A command; *leaf*: one that runs (not a group of subcommands)."""
+        return self.commands.add_parser(
+            name,
+            help=text,
+            description=description,
+            parents=[self.common] if leaf else [],
         )
 
-    def as_json(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--json", action="store_true", help="print JSON")
 
-    stats = command(
+def _as_json(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _add_reading(adder: _Adder) -> None:
+    """stats, groups, group, task, consumers."""
+    stats = adder.command(
         "stats",
         "a queue's counts: tasks, groups, consumers, totals",
         "Print a queue's counts: tasks ready, parked behind busy groups, held "
@@ -98,7 +120,7 @@ def add_commands(
         "of the oldest waiting work; and the totals since the queue began. One "
         "script call per partition that scans nothing, cheap on any queue.",
     )
-    as_json(stats)
+    _as_json(stats)
     stats.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")
     stats.add_argument(
         "--interval", type=_seconds, default=1.0, help="seconds between refreshes"
@@ -107,13 +129,13 @@ def add_commands(
         "--count", type=_positive, help="with --watch: stop after this many pages"
     )
 
-    groups = command(
+    groups = adder.command(
         "groups",
         "list groups: the busiest, the oldest, halted or paused ones",
         "List one page of groups with their state and the reason for it. "
         "Pages never walk every group: pass the printed cursor for the next.",
     )
-    as_json(groups)
+    _as_json(groups)
     groups.add_argument(
         "--sort",
         choices=("busiest", "oldest", "halted", "paused"),
@@ -126,7 +148,7 @@ def add_commands(
     )
     groups.add_argument("--cursor", type=int, default=0, help="the page to show")
 
-    group = command(
+    group = adder.command(
         "group",
         "one group: its state and why it is, or is not, running",
         "Show one group: its state (idle, ready, running, at its cap, waiting "
@@ -135,26 +157,29 @@ def add_commands(
         "next task, its line and its settings.",
     )
     group.add_argument("name", metavar="GROUP", help="the group key")
-    as_json(group)
+    _as_json(group)
 
-    task = command(
+    task = adder.command(
         "task",
         "one task: state, attempts, consumer, place in its group",
         "Show one task: its state, attempts, consumer and lease, due time, "
         "last error, place in its group's order and payload.",
     )
     task.add_argument("task_id", metavar="ID", help="the task id")
-    as_json(task)
+    _as_json(task)
 
-    consumers = command(
+    consumers = adder.command(
         "consumers",
         "the consumers: hosts, pids, tasks in flight, heartbeats",
         "List the registered consumers, live ones first, then those that went "
         "silent without leaving in the last few leases.",
     )
-    as_json(consumers)
+    _as_json(consumers)
 
-    dead = command(
+
+def _add_dead(adder: _Adder) -> None:
+    """dead list, show, requeue, purge."""
+    dead = adder.command(
         "dead",
         "dead letters: list, show, requeue, purge",
         "Inspect and act on dead-lettered tasks.",
@@ -165,18 +190,18 @@ def add_commands(
         "list",
         help="the oldest dead letters",
         description="List dead letters, oldest first.",
-        parents=[common],
+        parents=[adder.common],
     )
     dead_list.add_argument("--limit", type=_positive, default=50, help="how many")
-    as_json(dead_list)
+    _as_json(dead_list)
     dead_show = actions.add_parser(
         "show",
         help="one dead letter with its reason and traceback",
         description="Show one dead letter: reason, traceback, payload.",
-        parents=[common],
+        parents=[adder.common],
     )
     dead_show.add_argument("task_id", metavar="ID")
-    as_json(dead_show)
+    _as_json(dead_show)
     for action, text in (
         ("requeue", "run dead letters again, each first in its group's line"),
         ("purge", "delete dead letters (a group halted by one goes on)"),
@@ -185,14 +210,17 @@ def add_commands(
             action,
             help=text,
             description=text[0].upper() + text[1:] + ".",
-            parents=[common],
+            parents=[adder.common],
         )
         parser.add_argument("ids", nargs="*", metavar="ID", help="task ids")
         parser.add_argument(
             "--all", action="store_true", help="every dead letter there is now"
         )
 
-    release = command(
+
+def _add_acting(adder: _Adder) -> None:
+    """release, pause, resume, cancel, repartition."""
+    release = adder.command(
         "release",
         "let a halted group go on with its next task",
         "Let a group halted behind a dead task go on with its next task; the "
@@ -203,20 +231,20 @@ def add_commands(
         ("pause", "stop starting tasks of a group, or of the whole queue"),
         ("resume", "start tasks of a paused group, or queue, again"),
     ):
-        parser = command(
+        parser = adder.command(
             name, text, text[0].upper() + text[1:] + "; running tasks are not touched."
         )
         parser.add_argument(
             "name", metavar="GROUP", nargs="?", help="default: the queue"
         )
-    cancel = command(
+    cancel = adder.command(
         "cancel",
         "cancel a task (a running one at its consumer's next heartbeat)",
         "Cancel a task wherever it waits; a running task is cancelled by its "
         "consumer at its next heartbeat.",
     )
     cancel.add_argument("task_id", metavar="ID")
-    repartition = command(
+    repartition = adder.command(
         "repartition",
         "change a live queue's partition count, keeping every group's order",
         "Begin moving the queue to --to partitions (each group's tasks in its "
@@ -410,7 +438,7 @@ async def _dead(
     args: argparse.Namespace, client: Client, admin: Admin, producer: Producer
 ) -> None:
     if args.action == "list":
-        letters = await producer.dead_letters(limit=args.limit)
+        letters = await admin.dead_letters(limit=args.limit)
         if not letters:
             await _require_queue(admin, args)
         if args.json:
@@ -498,7 +526,7 @@ async def _dead_before(
 async def _release(
     args: argparse.Namespace, client: Client, admin: Admin, producer: Producer
 ) -> None:
-    if not await producer.release_group(args.name):
+    if not await admin.release_group(args.name):
         raise _Failed(f"group {args.name!r} is not halted")
     print(f"released group {args.name!r}: it goes on with its next task")
 
@@ -528,12 +556,12 @@ async def _cancel(
         task_id,
         retention_ms=round(DEFAULT_RETENTION * 1000),
     )
-    if code == _scripts.NOT_FOUND:
+    if code is CancelCode.NOT_FOUND:
         raise _Failed(_no_task(args))
-    if code == _scripts.FINISHED:
+    if code is CancelCode.FINISHED:
         state = await producer.status(args.task_id)
         raise _Failed(f"task {args.task_id!r} had already ended ({state})")
-    if code == _scripts.REQUESTED:
+    if code is CancelCode.REQUESTED:
         print(
             f"task {args.task_id!r} is running: its consumer cancels it at its "
             "next heartbeat"

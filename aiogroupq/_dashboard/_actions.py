@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Final
 
-from .._cli.render import count
-from ._app import ActionRefused, Dashboard, Form, action, first
+from .._inspect.render import count
+from ._base import ActionRefused, Dashboard, Form, action, first
 
 #: dead letters read and requeued per round trip by "requeue all"
 _BATCH: Final = 500
@@ -49,8 +49,8 @@ async def resume_group(dash: Dashboard, queue: str, form: Form) -> str:
 @action
 async def release_group(dash: Dashboard, queue: str, form: Form) -> str:
     name = first(form, "name")
-    async with dash.producer(queue) as producer:
-        if not await producer.release_group(name):
+    async with dash.admin(queue) as admin:
+        if not await admin.release_group(name):
             raise ActionRefused(f"group {name!r} is not halted: nothing to release")
     return f"released group {name!r}: it goes on with its next task"
 
@@ -65,24 +65,23 @@ def _ids(form: Form) -> list[str]:
 @action
 async def requeue_dead(dash: Dashboard, queue: str, form: Form) -> str:
     ids = _ids(form)
-    async with dash.producer(queue) as producer:
+    async with dash.admin(queue) as admin:
         if ids:
-            done = await producer.requeue_dead(*ids)
+            done = await admin.requeue_dead(*ids)
             if not done:
                 raise ActionRefused(f"none of the {len(ids)} tasks is a dead letter")
             return f"requeued {count(done)} of {count(len(ids))} dead letters"
         if not first(form, "all"):
             raise ActionRefused("select the dead letters to requeue")
-        async with dash.admin(queue) as admin:
-            left = (await admin.stats()).dead
+        left = (await admin.stats()).dead
         # Only what is dead now: one that dies again meanwhile has a later
         # place in the list and is not chased.
         done = 0
         while left > 0:
-            letters = await producer.dead_letters(limit=min(_BATCH, left))
+            letters = await admin.dead_letters(limit=min(_BATCH, left))
             if not letters:
                 break
-            requeued = await producer.requeue_dead(*(d.id for d in letters))
+            requeued = await admin.requeue_dead(*(d.id for d in letters))
             if not requeued:  # left alone (damaged): do not loop on them
                 break
             done += requeued
@@ -93,9 +92,9 @@ async def requeue_dead(dash: Dashboard, queue: str, form: Form) -> str:
 @action
 async def purge_dead(dash: Dashboard, queue: str, form: Form) -> str:
     ids = _ids(form)
-    async with dash.producer(queue) as producer:
+    async with dash.admin(queue) as admin:
         if ids:
-            done = await producer.purge_dead(*ids)
+            done = await admin.purge_dead(*ids)
             if not done:
                 raise ActionRefused(f"none of the {len(ids)} tasks is a dead letter")
             return f"purged {count(done)} of {count(len(ids))} dead letters"
@@ -105,7 +104,7 @@ async def purge_dead(dash: Dashboard, queue: str, form: Form) -> str:
             raise ActionRefused(
                 "purging every dead letter needs the confirmation box ticked"
             )
-        done = await producer.purge_dead(all=True)
+        done = await admin.purge_dead(all=True)
     return f"purged {count(done)} dead letters"
 
 

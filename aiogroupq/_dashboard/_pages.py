@@ -13,7 +13,7 @@ from .._inspect.views import GroupInfo, GroupState
 from ..errors import AiogroupqError, InvalidGroupError, TaskNotFoundError
 from ..task import TaskState
 from . import _auth
-from ._app import Dashboard, Urls, View, first, page, read_form, safe_next
+from ._base import Dashboard, Urls, View, first, page, read_form, safe_next
 from ._history import failure_chart, throughput_chart
 
 #: groups per page of the groups list
@@ -211,8 +211,7 @@ async def dead_page(dash: Dashboard, view: View) -> Response:
     reason = view.param("reason").strip()
     async with dash.admin(view.queue) as admin:
         stats = await dash.stats(admin)
-        async with dash.producer(view.queue) as producer:
-            letters = await producer.dead_letters(limit=limit)
+        letters = await admin.dead_letters(limit=limit)
     types = sorted({d.type for d in letters})
     shown = [
         d

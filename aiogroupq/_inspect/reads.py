@@ -17,7 +17,8 @@ from redis.exceptions import NoScriptError
 
 from .._store.codec import unpack
 from .._store.registry import COUNTERS
-from .._store.scripts import Script
+from .._store.replies import NOT_A_TASK, text as _text
+from .._store.scripts import CONSUMERS, GROUP_INFO, STATS, STATUSES, TASK_INFO
 from ..errors import CorruptTaskError
 from ..task import TaskState
 from .views import (
@@ -35,15 +36,11 @@ from .views import (
 )
 
 if TYPE_CHECKING:
+    from redis.typing import EncodableT
+
     from .._store.connection import Client
     from .._store.keys import QueueKeys
-
-STATS: Final = Script("stats")
-GROUP_INFO: Final = Script("group_info")
-CONSUMERS: Final = Script("consumers")
-TASK_INFO: Final = Script("task_info")
-STATUSES: Final = Script("statuses")
-VIEW_SCRIPTS: Final = (STATS, GROUP_INFO, CONSUMERS, TASK_INFO, STATUSES)
+    from .._store.lua import Script
 
 #: live consumers listed in :attr:`QueueStats.consumers`
 STATS_CONSUMERS: Final = 100
@@ -63,13 +60,6 @@ TOTALS: Final = (
 
 
 # -- reading replies -----------------------------------------------------------
-
-
-def _text(value: Any) -> str:
-    """Stored bytes as text; invalid UTF-8 shows as U+FFFD."""
-    if isinstance(value, str):
-        return value
-    return bytes(value).decode(errors="replace")
 
 
 def _opt_text(value: Any) -> str | None:
@@ -128,7 +118,7 @@ def _consumer(row: Sequence[Any], now_ms: int) -> ConsumerInfo:
 
 async def queue_stats(client: Client, keys: QueueKeys) -> QueueStats:
     """The queue's counts (one ``stats.lua`` call)."""
-    r = await STATS(client, keys, (keys.consumers,), (STATS_CONSUMERS,))
+    r = await STATS(client, keys, (), (STATS_CONSUMERS,))
     now_ms = _int(r[0])
     counters = {k: _int(v) for k, v in _pairs(r[17]).items()}
     ratewait = counters.get("ratewait", 0)
@@ -170,7 +160,7 @@ async def group_infos(
     """These groups as seen now (one ``group_info.lua`` call). *alive*: the
     live consumers, when the registry is in another partition than *keys*
     (each partition's own is empty)."""
-    reply = await GROUP_INFO(client, keys, (keys.consumers,), ("groups", *groups))
+    reply = await GROUP_INFO(client, keys, (), ("groups", *groups))
     return _described(reply, alive)[0]
 
 
@@ -184,7 +174,7 @@ async def group_page(
     alive: int | None = None,
 ) -> GroupPage:
     """One page of groups (one ``group_info.lua`` call, as group_infos)."""
-    reply = await GROUP_INFO(client, keys, (keys.consumers,), (sort, cursor, limit))
+    reply = await GROUP_INFO(client, keys, (), (sort, cursor, limit))
     infos, next_cursor = _described(reply, alive)
     return GroupPage(tuple(infos), next_cursor)
 
@@ -360,7 +350,7 @@ async def consumer_list(
     client: Client, keys: QueueKeys, limit: int
 ) -> list[ConsumerInfo]:
     """Registered consumers, live ones first (one ``consumers.lua`` call)."""
-    reply = await CONSUMERS(client, keys, (keys.consumers,), (limit,))
+    reply = await CONSUMERS(client, keys, (), (limit,))
     now_ms = _int(reply[0])
     return [_consumer(row, now_ms) for row in reply[1]]
 
@@ -372,7 +362,7 @@ async def task_details(
     client: Client, keys: QueueKeys, task_id: str
 ) -> TaskDetails | None:
     """One task as seen now, ``None`` if there is no such task."""
-    reply = await TASK_INFO(client, keys, (keys.consumers,), (task_id,))
+    reply = await TASK_INFO(client, keys, (), (task_id,))
     if not reply:
         return None
     now_ms, raw, lease, due, _, pttl, mark, ahead = reply
@@ -447,7 +437,8 @@ async def statuses(
         task_ids[start : start + STATUS_CHUNK]
         for start in range(0, len(task_ids), STATUS_CHUNK)
     ]
-    replies = await _pipelined(client, keys, STATUSES, chunks)
+    calls = [([keys.task(task_id) for task_id in chunk], ()) for chunk in chunks]
+    replies = await _pipelined(client, keys, STATUSES, calls)
     out: list[TaskState | None] = []
     for chunk, reply in zip(chunks, replies, strict=True):
         for task_id, raw in zip(chunk, reply, strict=True):
@@ -458,29 +449,34 @@ async def statuses(
             try:
                 out.append(TaskState(text))
             except ValueError:
-                detail = "not a task hash" if text == "!" else f"unknown state {text!r}"
+                detail = (
+                    "not a task hash"
+                    if text == NOT_A_TASK
+                    else f"unknown state {text!r}"
+                )
                 raise CorruptTaskError(task_id, detail) from None
     return out
 
 
 async def _pipelined(
-    client: Client, keys: QueueKeys, script: Script, calls: Sequence[Sequence[str]]
+    client: Client,
+    keys: QueueKeys,
+    script: Script,
+    calls: Sequence[tuple[Sequence[str], Sequence[EncodableT]]],
 ) -> list[Any]:
-    """Run *script* once per argument list, all in one pipeline of EVALSHA.
+    """Run *script* once per (extra keys, arguments) call, all in one
+    pipeline of EVALSHA.
 
     A ``NOSCRIPT`` answer (a flushed cache) loads the script and sends the
     pipeline again (the script only reads); if the cache is flushed again
     in between, each call goes through :class:`Script`, which falls back
     to EVAL.
     """
-    fixed = (keys.ready, keys.delayed, keys.leases, keys.wake, keys.fence, keys.dead)
     for _ in range(2):
         async with client.pipeline(transaction=False) as pipe:
-            for args in calls:
+            for extra_keys, args in calls:
                 # Not pipe.evalsha: a cluster pipeline refuses that method.
-                pipe.execute_command(
-                    "EVALSHA", script.sha, len(fixed), *fixed, keys.prefix, *args
-                )
+                pipe.execute_command(*script.command(keys, extra_keys, args))
             replies: list[Any] = await pipe.execute(raise_on_error=False)
         if not any(isinstance(r, NoScriptError) for r in replies):
             for reply in replies:
@@ -488,4 +484,4 @@ async def _pipelined(
                     raise reply
             return replies
         await script.load(client, keys)
-    return [await script(client, keys, (), args) for args in calls]
+    return [await script(client, keys, extra, args) for extra, args in calls]

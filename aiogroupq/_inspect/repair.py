@@ -39,9 +39,10 @@ from typing import TYPE_CHECKING, Any, Final
 from redis.exceptions import ResponseError
 
 from .._store import layout as _layout
-from .._store.connection import RedisLike, open_client, unavailable_as_error
+from .._store.connection import RedisLike, open_client
+from .._store.failures import unavailable_as_error
 from .._store.partition import Partitions
-from .._store.scripts import Script
+from .._store.scripts import REPAIR
 from ..errors import CorruptQueueError
 from . import check as fsck
 
@@ -55,8 +56,6 @@ if TYPE_CHECKING:
 ROUNDS: Final = 12
 #: groups per "index" step
 _PER_STEP: Final = 200
-
-REPAIR: Final = Script("repair")
 
 _LIVE: Final = frozenset({"queued", "delayed", "running"})
 
@@ -423,7 +422,8 @@ async def repair(
     problems: list[fsck.Problem] = []
     for _ in range(rounds):
         before = await _activity(client, keys)
-        snap, problems = await fsck.examine(client, keys, max_payload=max_payload)
+        found = await fsck.examine(client, keys, max_payload=max_payload)
+        (snap,), problems = found.snapshots, found.problems
         # Counters are recounted from the snapshot, which is not one atomic
         # read: only when nothing moved while it was taken.
         quiet = before == await _activity(client, keys)
@@ -447,7 +447,7 @@ async def repair(
         else:
             stuck.add(stage)
     else:
-        problems = await fsck.check(client, keys, max_payload=max_payload)
+        problems = (await fsck.examine(client, keys, max_payload=max_payload)).problems
     return done, problems
 
 
@@ -494,8 +494,8 @@ async def repair_partitions(
         parts.layout = await _layout.read(client, parts)
         for keys in parts.all():
             done += (await repair(client, keys, max_payload=max_payload))[0]
-    _, problems = await fsck.examine_partitions(redis, queue, max_payload=max_payload)
-    return done, problems
+    found = await fsck.examine(redis, queue, max_payload=max_payload)
+    return done, found.problems
 
 
 @unavailable_as_error

@@ -1,6 +1,9 @@
 #!lua flags=allow-oom
 --[[ cancel.lua: cancel a task wherever it waits, or ask its consumer to.
-  KEYS[1..6]  the common keys (see lib/base.lua)
+  KEYS[1]     {aiogroupq:<q>}:ready    LIST runnable task ids, next first
+  KEYS[2]     {aiogroupq:<q>}:delayed  ZSET id -> due time (server ms)
+  KEYS[3]     {aiogroupq:<q>}:wake     LIST wake tokens that blocked fetchers BLPOP
+  KEYS[4]     {aiogroupq:<q>}:dead     ZSET id -> time dead-lettered (server ms)
   ARGV[1]     key prefix
   ARGV[2]     retention of the cancelled state in ms
   ARGV[3]     task id

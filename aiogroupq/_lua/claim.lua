@@ -1,7 +1,12 @@
 #!lua flags=allow-oom
 --[[ claim.lua: recover expired leases, promote due tasks, then claim up to k
   runnable tasks for one consumer.
-  KEYS[1..6]  the common keys (see lib/base.lua)
+  KEYS[1]     {aiogroupq:<q>}:ready    LIST runnable task ids, next first
+  KEYS[2]     {aiogroupq:<q>}:delayed  ZSET id -> due time (server ms)
+  KEYS[3]     {aiogroupq:<q>}:leases   ZSET id -> lease deadline (server ms)
+  KEYS[4]     {aiogroupq:<q>}:wake     LIST wake tokens that blocked fetchers BLPOP
+  KEYS[5]     {aiogroupq:<q>}:fence    STRING counter of fencing tokens
+  KEYS[6]     {aiogroupq:<q>}:dead     ZSET id -> time dead-lettered (server ms)
   KEYS[7]     {aiogroupq:<q>}:inflight:<consumer>   SET, the consumer's recovery key
   KEYS[8]     {aiogroupq:<q>}:lastclaim:<consumer>  STRING "<nonce>:<id>,<id>..."
   ARGV[1]     key prefix

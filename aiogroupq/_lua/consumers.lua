@@ -1,14 +1,13 @@
 #!lua flags=no-writes
 --[[ consumers.lua: the consumer registry, live consumers first.
-  KEYS[1..6]  the common keys (see lib/base.lua)
-  KEYS[7]     {aiogroupq:<q>}:consumers   ZSET the consumer registry
+  KEYS[1]     {aiogroupq:<q>}:consumers  ZSET the consumer registry
   ARGV[1]     key prefix
   ARGV[2]     the most consumers to list
-  returns  {now, {consumer rows (lib/inspect.lua), latest heartbeat first}}:
+  returns  {now, {consumer rows (lib/registry.lua), latest heartbeat first}}:
            the live ones, then those gone whose registration has not
            expired yet (three leases after their last heartbeat)
 ]]
---- @include "inspect"
+--- @include "registry"
 
 local limit = tonumber(ARGV[2])
 if not limit then return redis.error_reply('ERR aiogroupq consumers: malformed arguments') end

@@ -1,6 +1,8 @@
 #!lua flags=allow-oom
 --[[ control.lua: settings of a queue and its groups, pause and resume.
-  KEYS[1..6]  the common keys (see lib/base.lua)
+  KEYS[1]     {aiogroupq:<q>}:ready    LIST runnable task ids, next first
+  KEYS[2]     {aiogroupq:<q>}:delayed  ZSET id -> due time (server ms)
+  KEYS[3]     {aiogroupq:<q>}:wake     LIST wake tokens that blocked fetchers BLPOP
   ARGV[1]     key prefix
   ARGV[2]     the operation, its arguments after it:
     "group" g c rn rp mx pr   replace group g's settings ("" for each one the

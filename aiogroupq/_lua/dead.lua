@@ -1,6 +1,9 @@
 #!lua flags=allow-oom
 --[[ dead.lua: operator actions on dead letters and halted groups.
-  KEYS[1..6]  the common keys (see lib/base.lua)
+  KEYS[1]     {aiogroupq:<q>}:ready    LIST runnable task ids, next first
+  KEYS[2]     {aiogroupq:<q>}:delayed  ZSET id -> due time (server ms)
+  KEYS[3]     {aiogroupq:<q>}:wake     LIST wake tokens that blocked fetchers BLPOP
+  KEYS[4]     {aiogroupq:<q>}:dead     ZSET id -> time dead-lettered (server ms)
   ARGV[1]     key prefix
   ARGV[2]     "requeue": each dead task id in ARGV[3..] runs again with a
                          fresh set of attempts, first in its group's line

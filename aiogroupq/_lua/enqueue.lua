@@ -1,6 +1,8 @@
 #!lua
 --[[ enqueue.lua: add a batch of tasks atomically.
-  KEYS[1..6]  the common keys (see lib/base.lua)
+  KEYS[1]     {aiogroupq:<q>}:ready    LIST runnable task ids, next first
+  KEYS[2]     {aiogroupq:<q>}:delayed  ZSET id -> due time (server ms)
+  KEYS[3]     {aiogroupq:<q>}:wake     LIST wake tokens that blocked fetchers BLPOP
   ARGV[1]     key prefix
   ARGV[2]     deduplication window in ms
   ARGV[3]     n, the number of tasks; then 13 arguments per task:

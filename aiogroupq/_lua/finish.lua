@@ -1,6 +1,10 @@
 #!lua flags=allow-oom
 --[[ finish.lua: apply a batch of attempt outcomes, each fenced by its token.
-  KEYS[1..6]  the common keys (see lib/base.lua)
+  KEYS[1]     {aiogroupq:<q>}:ready    LIST runnable task ids, next first
+  KEYS[2]     {aiogroupq:<q>}:delayed  ZSET id -> due time (server ms)
+  KEYS[3]     {aiogroupq:<q>}:leases   ZSET id -> lease deadline (server ms)
+  KEYS[4]     {aiogroupq:<q>}:wake     LIST wake tokens that blocked fetchers BLPOP
+  KEYS[5]     {aiogroupq:<q>}:dead     ZSET id -> time dead-lettered (server ms)
   ARGV[1]     key prefix
   ARGV[2]     retention of succeeded and cancelled tasks in ms (at least a
               minute is kept, so that a re-sent batch is recognised)

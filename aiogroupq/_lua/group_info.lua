@@ -1,7 +1,10 @@
 #!lua flags=no-writes
 --[[ group_info.lua: groups as seen now, for "why is my group not running".
-  KEYS[1..6]  the common keys (see lib/base.lua)
-  KEYS[7]     {aiogroupq:<q>}:consumers   ZSET the consumer registry
+  KEYS[1]     {aiogroupq:<q>}:ready      LIST runnable task ids, next first
+  KEYS[2]     {aiogroupq:<q>}:delayed    ZSET id -> due time (server ms)
+  KEYS[3]     {aiogroupq:<q>}:leases     ZSET id -> lease deadline (server ms)
+  KEYS[4]     {aiogroupq:<q>}:dead       ZSET id -> time dead-lettered (server ms)
+  KEYS[5]     {aiogroupq:<q>}:consumers  ZSET the consumer registry
   ARGV[1]     key prefix
   ARGV[2]     what to describe:
     "groups" g1 g2 ...         these groups

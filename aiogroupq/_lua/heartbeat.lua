@@ -1,16 +1,16 @@
 #!lua flags=allow-oom
 --[[ heartbeat.lua: extend the leases of a consumer's running tasks, and
   keep its entry in the consumer registry.
-  KEYS[1..6]  the common keys (see lib/base.lua)
-  KEYS[7]     {aiogroupq:<q>}:consumers     ZSET consumer name -> when it
+  KEYS[1]     {aiogroupq:<q>}:leases        ZSET id -> lease deadline (server ms)
+  KEYS[2]     {aiogroupq:<q>}:consumers     ZSET consumer name -> when it
               counts as gone: last heartbeat + its lease (server ms)
-  KEYS[8]     {aiogroupq:<q>}:cinfo:<name>  HASH the consumer's registration
-              (KEYS[7] and KEYS[8] only with a registration, below)
+  KEYS[3]     {aiogroupq:<q>}:cinfo:<name>  HASH the consumer's registration
+              (KEYS[2] and KEYS[3] only with a registration, below)
   ARGV[1]     key prefix
   ARGV[2]     lease duration in ms, counted from now (server clock)
   ARGV[3]     n, the number of (task id, fencing token) pairs that follow
   ARGV[4..3+2n]  the pairs
-  ARGV[4+2n..]   with KEYS[7..8]: the consumer's name, then field, value
+  ARGV[4+2n..]   with KEYS[2..3]: the consumer's name, then field, value
               pairs of its registration (host, pid, in-flight count, ...)
   returns  one code per pair: 1 extended, 0 lost (the token no longer owns a
            running task: the lease expired, whether or not a claim has
@@ -27,14 +27,14 @@
 
 local lease_ms, n = tonumber(ARGV[2]), tonumber(ARGV[3])
 if not lease_ms or not n or n < 0 or #ARGV < 3 + 2 * n
-    or (#KEYS >= 8 and (#ARGV - 3 - 2 * n) % 2 ~= 1) then
+    or (#KEYS >= 3 and (#ARGV - 3 - 2 * n) % 2 ~= 1) then
   return redis.error_reply('ERR aiogroupq heartbeat: malformed arguments')
 end
 local bad = preflight({ K_LEASES, 'zset' })
 if bad then return bad end
 -- A damaged registry key costs the consumer its entry, never its leases:
 -- the registration is skipped (aiogroupq check reports the key).
-local register = #KEYS >= 8 and not preflight({ KEYS[7], 'zset', KEYS[8], 'hash' })
+local register = #KEYS >= 3 and not preflight({ KEYS[2], 'zset', KEYS[3], 'hash' })
 local now = now_ms()
 local deadline = now + lease_ms
 local codes = {}
@@ -54,7 +54,7 @@ end
 
 local PRUNE = 16 -- gone entries looked at per call
 if register then
-  local registry, info, r = KEYS[7], KEYS[8], 4 + 2 * n
+  local registry, info, r = KEYS[2], KEYS[3], 4 + 2 * n
   local fields = { 'hb', now, 'ttl', lease_ms }
   if redis.call('HEXISTS', info, 'st') == 0 then
     fields[#fields + 1] = 'st'

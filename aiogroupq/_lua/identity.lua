@@ -1,7 +1,6 @@
 #!lua flags=allow-oom
 --[[ identity.lua: a consumer name held by one live process at a time.
-  KEYS[1..6]  the common keys (see lib/base.lua)
-  KEYS[7]     {aiogroupq:<q>}:consumer:<name>   STRING holder "<host>:<pid>:<nonce>"
+  KEYS[1]     {aiogroupq:<q>}:consumer:<name>   STRING holder "<host>:<pid>:<nonce>"
   ARGV[1]     key prefix
   ARGV[2]     "take"   hold the name if it is free (or already ours)
               "force"  take it from the holder in ARGV[5], known to be dead
@@ -16,7 +15,7 @@
            also returned by drop when the name was not ours)
 ]]
 --- @include "base"
-local key, op, me, ttl = KEYS[7], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local key, op, me, ttl = KEYS[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 if not ttl then
   return redis.error_reply('ERR aiogroupq identity: malformed arguments')
 end

@@ -2,7 +2,10 @@
 --[[ meta.lua: the layout of a partitioned queue (see _store/partition.py): field
   "parts" of each partition's conf hash, absent for a queue of one
   partition ("1"), "K" for K partitions, "K>K'" while moving to K'.
-  KEYS[1..6]  the common keys (see lib/base.lua)
+  KEYS[1]     {aiogroupq:<q>}:ready    LIST runnable task ids, next first
+  KEYS[2]     {aiogroupq:<q>}:delayed  ZSET id -> due time (server ms)
+  KEYS[3]     {aiogroupq:<q>}:leases   ZSET id -> lease deadline (server ms)
+  KEYS[4]     {aiogroupq:<q>}:dead     ZSET id -> time dead-lettered (server ms)
   ARGV[1]     key prefix
   ARGV[2]     "create" K: (partition 0) store K, unless a layout is stored
                   already or the queue holds tasks (it keeps the one

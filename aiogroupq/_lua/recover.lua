@@ -5,8 +5,12 @@
   incarnation's tasks at once (counted: they may have run), and a consumer
   whose claim reply was lost gives back what that claim took (not counted:
   they never started).
-  KEYS[1..6]  the common keys (see lib/base.lua)
-  KEYS[7]     {aiogroupq:<q>}:inflight:<consumer>   SET, the recovery key
+  KEYS[1]     {aiogroupq:<q>}:ready    LIST runnable task ids, next first
+  KEYS[2]     {aiogroupq:<q>}:delayed  ZSET id -> due time (server ms)
+  KEYS[3]     {aiogroupq:<q>}:leases   ZSET id -> lease deadline (server ms)
+  KEYS[4]     {aiogroupq:<q>}:wake     LIST wake tokens that blocked fetchers BLPOP
+  KEYS[5]     {aiogroupq:<q>}:dead     ZSET id -> time dead-lettered (server ms)
+  KEYS[6]     {aiogroupq:<q>}:inflight:<consumer>   SET, the recovery key
   ARGV[1]     key prefix
   ARGV[2]     1 to count the interrupted attempt, 0 not to
   ARGV[3]     the consumer's name (a task another consumer owns is only
@@ -28,13 +32,13 @@ if not retention then
   return redis.error_reply('ERR aiogroupq recover: malformed arguments')
 end
 local bad = check_fixed({ K_DELAYED, 'zset', K_LEASES, 'zset', K_DEAD, 'zset',
-  KEYS[7], 'set' })
+  KEYS[6], 'set' })
 if bad then return bad end
 local keep = {}
 for i = 5, #ARGV do keep[ARGV[i]] = true end
 local now = now_ms()
 local n, readied, dead_ids = 0, 0, {}
-for _, id in ipairs(redis.call('SMEMBERS', KEYS[7])) do
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[6])) do
   if not keep[id] then
     local owner = redis.pcall('HGET', k_task(id), 'c')
     if owner == consumer then
@@ -43,7 +47,7 @@ for _, id in ipairs(redis.call('SMEMBERS', KEYS[7])) do
       if became == 'ready' then readied = readied + 1 end
       if became == 'dead' then dead_ids[#dead_ids + 1] = id end
     end
-    redis.call('SREM', KEYS[7], id)
+    redis.call('SREM', KEYS[6], id)
   end
 end
 flush()

@@ -4,7 +4,12 @@
   decides from what it finds, not from the check's reading, so it is
   idempotent and safe on a live queue (a step the queue has made needless
   changes nothing).
-  KEYS[1..6]  the common keys (see lib/base.lua)
+  KEYS[1]     {aiogroupq:<q>}:ready    LIST runnable task ids, next first
+  KEYS[2]     {aiogroupq:<q>}:delayed  ZSET id -> due time (server ms)
+  KEYS[3]     {aiogroupq:<q>}:leases   ZSET id -> lease deadline (server ms)
+  KEYS[4]     {aiogroupq:<q>}:wake     LIST wake tokens that blocked fetchers BLPOP
+  KEYS[5]     {aiogroupq:<q>}:fence    STRING counter of fencing tokens
+  KEYS[6]     {aiogroupq:<q>}:dead     ZSET id -> time dead-lettered (server ms)
   ARGV[1]     key prefix
   ARGV[2]     the step, its arguments after it:
     "drop" key type       delete key if it holds another type than *type*;

@@ -1,19 +1,23 @@
 #!lua flags=no-writes
 --[[ stats.lua: a queue's counts in one call, without scanning anything.
-  KEYS[1..6]  the common keys (see lib/base.lua)
-  KEYS[7]     {aiogroupq:<q>}:consumers   ZSET the consumer registry
+  KEYS[1]     {aiogroupq:<q>}:ready      LIST runnable task ids, next first
+  KEYS[2]     {aiogroupq:<q>}:delayed    ZSET id -> due time (server ms)
+  KEYS[3]     {aiogroupq:<q>}:leases     ZSET id -> lease deadline (server ms)
+  KEYS[4]     {aiogroupq:<q>}:dead       ZSET id -> time dead-lettered (server ms)
+  KEYS[5]     {aiogroupq:<q>}:consumers  ZSET the consumer registry
   ARGV[1]     key prefix
   ARGV[2]     the most live consumers to list
   returns  {now, exists, paused, ready list, ready zset, delayed members,
             leases, dead, groups with a line, halted, paused groups,
             consumers alive, consumers recently gone, dt of the ready head,
             dt of the priority head, earliest line start, next due,
-            {stats hash field, value, ...}, {consumer rows (lib/inspect.lua)}}
+            {stats hash field, value, ...}, {consumer rows (lib/registry.lua)}}
            Every count is a ZCARD, LLEN, SCARD or a counter the scripts keep
            in the stats hash, so the call is O(log n) however deep the queue.
   errors   "aiogroupq corrupt <key>: ..." if a key it reads is damaged
 ]]
 --- @include "inspect"
+--- @include "registry"
 
 local limit = tonumber(ARGV[2])
 if not limit then return redis.error_reply('ERR aiogroupq stats: malformed arguments') end

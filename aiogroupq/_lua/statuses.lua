@@ -1,17 +1,17 @@
 #!lua flags=no-writes
 --[[ statuses.lua: the state of each of many tasks (Producer.status_many).
-  KEYS[1..6]  the common keys (see lib/base.lua)
+  KEYS[1..n]  {aiogroupq:<q>}:t:<id>   HASH one task each (callers send at
+              most 500 per call, several calls in one pipeline, so that no
+              call holds the server long)
   ARGV[1]     key prefix
-  ARGV[2..]   task ids (callers send at most 500 per call, several
-              calls in one pipeline, so that no call holds the server long)
-  returns  one entry per id: its state, false (nil) for no such task, or
-           "!" when its key is not a task hash
+  returns  one entry per key: its task's state, false (nil) for no such
+           task, or "!" when the key is not a task hash
 ]]
 --- @include "base"
 
 local out = {}
-for i = 2, #ARGV do
-  local s = redis.pcall('HGET', k_task(ARGV[i]), 's')
+for i = 1, #KEYS do
+  local s = redis.pcall('HGET', KEYS[i], 's')
   if wrong_type(s) then s = '!' end
   out[#out + 1] = s or false
 end

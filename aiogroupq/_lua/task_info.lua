@@ -1,7 +1,8 @@
 #!lua flags=no-writes
 --[[ task_info.lua: one task as seen now, and its place in its group.
-  KEYS[1..6]  the common keys (see lib/base.lua)
-  KEYS[7]     {aiogroupq:<q>}:consumers   ZSET the consumer registry
+  KEYS[1]     {aiogroupq:<q>}:delayed  ZSET id -> due time (server ms)
+  KEYS[2]     {aiogroupq:<q>}:leases   ZSET id -> lease deadline (server ms)
+  KEYS[3]     {aiogroupq:<q>}:dead     ZSET id -> time dead-lettered (server ms)
   ARGV[1]     key prefix
   ARGV[2]     task id
   returns  {} if there is no such task, else {now, {field, value, ...} of
@@ -13,7 +14,8 @@
            slot holders plus its place in the group's line (LPOS: O(line)).
   errors   "aiogroupq corrupt <key>: ..." if the task's hash is damaged
 ]]
---- @include "inspect"
+--- @include "base"
+--- @include "slots"
 
 local id = ARGV[2]
 local key = k_task(id)

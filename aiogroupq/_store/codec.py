@@ -19,7 +19,7 @@ from ..errors import InvalidResultError
 from ..task import DeadLetter, Envelope
 
 if TYPE_CHECKING:
-    from .scripts import DeadRow
+    from .queries import DeadRow
 
 #: deepest nesting of containers (arrays, maps, Structs, dataclasses, …) that a
 #: payload or a stored result may have. msgspec's own limit is the

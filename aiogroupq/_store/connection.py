@@ -1,6 +1,6 @@
 """Own or borrow a ``redis.asyncio.Redis`` (or ``RedisCluster``) client; bound
-its calls, check the servers it talks to, and turn what it raises into
-aiogroupq's errors.
+its calls, check the servers it talks to (what a failure stands for among
+aiogroupq's errors is ``_store/failures.py``'s).
 
 A Redis Cluster is reached through a ``redis.asyncio.cluster.RedisCluster``:
 it routes each command (a script call by its keys, which share one
@@ -23,7 +23,7 @@ import random
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any, Final, ParamSpec, TypeVar
+from typing import Any, Final, TypeVar
 
 import anyio
 import redis.exceptions as rexc
@@ -32,17 +32,12 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import FullJitterBackoff, NoBackoff
 
-from ..errors import (
-    AiogroupqError,
-    AuthenticationError,
-    ConfigurationError,
-    PermissionDeniedError,
-    RedisUnavailableError,
-)
+from ..errors import ConfigurationError, RedisUnavailableError
+from . import failures as _failures
+from .failures import NOT_A_CLUSTER_CLIENT, NOT_TRANSIENT
 
 logger = logging.getLogger("aiogroupq")
 
-P = ParamSpec("P")
 T = TypeVar("T")
 
 Client = Redis | RedisCluster
@@ -79,19 +74,6 @@ CALL_BUDGET: Final = 5.0
 #: of the cluster's topology (our backoff and budget are _BoundedCluster's)
 _CLUSTER_RESENDS: Final = 3
 
-# redis-py counts a refused password as a ConnectionError and retries it;
-# waiting does not make a password right.
-_NOT_TRANSIENT: Final[tuple[type[Exception], ...]] = tuple(
-    cls
-    for cls in (
-        rexc.AuthenticationError,
-        getattr(rexc, "AuthorizationError", None),
-        getattr(rexc, "ExternalAuthProviderError", None),
-    )
-    if isinstance(cls, type)
-)
-_AUTH_ERRORS: Final = (*_NOT_TRANSIENT, rexc.AuthenticationWrongNumberOfArgsError)
-
 
 class BoundedRetry(Retry):
     """redis-py's asyncio :class:`~redis.asyncio.retry.Retry` within a time
@@ -118,7 +100,7 @@ class BoundedRetry(Retry):
             cleanup = fail(error, *more)  # closes the connection: keep that
             if inspect.isawaitable(cleanup):
                 await cleanup
-            if isinstance(error, _NOT_TRANSIENT):
+            if isinstance(error, NOT_TRANSIENT):
                 raise error
 
         async def attempt() -> T:
@@ -243,7 +225,7 @@ async def _resend_within_budget(call: Callable[[], Awaitable[T]]) -> T:
         while True:
             try:
                 return await call()
-            except _NOT_TRANSIENT:
+            except NOT_TRANSIENT:
                 raise
             except _FAILOVER_ERRORS:
                 await anyio.sleep(random.uniform(backoff / 2, backoff))
@@ -392,71 +374,6 @@ def new_client(redis: object, *, retry: bool) -> Client:
     return client
 
 
-def as_aiogroupq_error(exc: BaseException) -> AiogroupqError | None:
-    """The aiogroupq error a Redis failure stands for, or None if it is
-    not one we know (or already ours)."""
-    if isinstance(exc, AiogroupqError):
-        return None
-    if isinstance(exc, _AUTH_ERRORS):
-        detail = str(exc) or type(exc).__name__
-        if "already authenticated" in detail or "required" in detail:
-            # NOAUTH, which redis-py's handshake can phrase confusingly
-            detail = "the server needs a password and none was given"
-        return AuthenticationError(detail)
-    if isinstance(exc, rexc.NoPermissionError):
-        return PermissionDeniedError(str(exc))
-    if isinstance(exc, rexc.ResponseError) and "DB index" in str(exc):
-        return ConfigurationError(
-            f"Redis refused the database number in the URL ({exc}): use one "
-            "below the server's 'databases' setting (16 by default)"
-        )
-    if isinstance(exc, rexc.MovedError | rexc.AskError) or (
-        isinstance(exc, rexc.ResponseError) and str(exc).startswith("MOVED ")
-    ):
-        return ConfigurationError(_NOT_A_CLUSTER_CLIENT)
-    if isinstance(exc, rexc.RedisClusterException | rexc.ClusterError):
-        return RedisUnavailableError(str(exc) or type(exc).__name__)
-    # Not OSError at large: the builtin TimeoutError is one, and
-    # Producer.result raises it for its own timeout.
-    if isinstance(exc, rexc.ConnectionError | rexc.TimeoutError | ConnectionError):
-        return RedisUnavailableError(str(exc) or type(exc).__name__)
-    return None
-
-
-_NOT_A_CLUSTER_CLIENT: Final = (
-    "the server is a node of a Redis Cluster, and a plain client cannot follow "
-    "the cluster's redirections: connect with a redis+cluster://host:port URL "
-    "or pass a redis.asyncio.cluster.RedisCluster client"
-)
-
-
-@contextmanager
-def translated_errors() -> Iterator[None]:
-    """Raise what a Redis failure stands for (see :func:`as_aiogroupq_error`)."""
-    try:
-        yield
-    except Exception as exc:
-        if (ours := as_aiogroupq_error(exc)) is None:
-            raise
-        raise ours from exc
-
-
-def unavailable_as_error(
-    method: Callable[P, Awaitable[T]],
-) -> Callable[P, Awaitable[T]]:
-    """Turn a Redis failure into its aiogroupq error: a connection failure
-    that outlived the client's retries or its budget into
-    :class:`~aiogroupq.RedisUnavailableError`, refused credentials into
-    :class:`~aiogroupq.AuthenticationError`, and so on."""
-
-    @functools.wraps(method)
-    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
-        with translated_errors():
-            return await method(*args, **kwargs)
-
-    return wrapper
-
-
 async def check_server(client: Client, *, eviction: bool = True) -> None:
     """Refuse servers too old for our scripts, or that may evict our keys,
     and a plain client of a cluster node.
@@ -473,7 +390,7 @@ async def check_server(client: Client, *, eviction: bool = True) -> None:
         client (or ``redis://`` URL) of a Redis Cluster node
     :raises RedisUnavailableError: if the server does not answer in time
     """
-    with translated_errors():
+    with _failures.translated_errors():
         if isinstance(client, RedisCluster):
             await _bounded(client.initialize)
             for node in client.get_primaries():
@@ -491,7 +408,7 @@ async def check_server(client: Client, *, eviction: bool = True) -> None:
         if isinstance(ping, Exception):
             raise ping
         if _hello_field(hello, "mode") == "cluster":
-            raise ConfigurationError(_NOT_A_CLUSTER_CLIENT)
+            raise ConfigurationError(NOT_A_CLUSTER_CLIENT)
         version = _version_of(hello)
         if version is None:
             version = await _info_version(client)
@@ -553,7 +470,7 @@ async def _bounded(call: Callable[[], Awaitable[T]]) -> T:
             try:
                 return await call()
             except (rexc.ConnectionError, rexc.TimeoutError) as exc:
-                if isinstance(exc, _NOT_TRANSIENT):
+                if isinstance(exc, NOT_TRANSIENT):
                     raise
                 detail = str(exc) or type(exc).__name__
             await anyio.sleep(wait)
@@ -648,7 +565,7 @@ async def check_replicas(client: Client) -> None:
 
     :raises ConfigurationError: for a primary with no replica connected
     """
-    with translated_errors():
+    with _failures.translated_errors():
         if isinstance(client, RedisCluster):
             await _bounded(client.initialize)
             targets: list[ClusterNode | None] = list(client.get_primaries())

@@ -12,10 +12,12 @@ import anyio
 
 from . import scripts as _scripts
 from .partition import Partitions, crc
+from .queries import dead_rows
 
 if TYPE_CHECKING:
     from .connection import Client
     from .keys import QueueKeys
+    from .queries import DeadRow
 
 logger = logging.getLogger("aiogroupq")
 
@@ -94,11 +96,11 @@ async def requeue_dead(client: Client, parts: Partitions, ids: Sequence[str]) ->
 
 async def dead_letter_rows(
     client: Client, parts: Partitions, limit: int
-) -> list[_scripts.DeadRow]:
+) -> list[DeadRow]:
     """The oldest *limit* dead letters over every partition."""
 
-    async def rows(keys: QueueKeys) -> list[_scripts.DeadRow]:
-        return await _scripts.dead_rows(client, keys, limit)
+    async def rows(keys: QueueKeys) -> list[DeadRow]:
+        return await dead_rows(client, keys, limit)
 
     merged = [row for part in await each_partition(parts.all(), rows) for row in part]
     merged.sort(key=lambda row: (row.dead_at_ms, row.id))

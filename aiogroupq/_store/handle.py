@@ -1,6 +1,6 @@
 """What a :class:`~aiogroupq.Producer` and an :class:`~aiogroupq.Admin`
-share: the queue's partitions, the client they open on entering, and the
-layout read again when another client may have repartitioned the queue."""
+share: the queue's partitions, with the layout learnt on entering, and the
+client they open."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
 from ..errors import ConfigurationError
-from .connection import RedisLike, unavailable_as_error
-from .layout import open_layout, refresh
+from .failures import unavailable_as_error
+from .layout import open_layout
 from .partition import Partitions, check_count
 
 if TYPE_CHECKING:
-    from .connection import Client
+    from .connection import Client, RedisLike
 
 
 class QueueHandle:
@@ -42,12 +42,6 @@ class QueueHandle:
     @unavailable_as_error
     async def _open_layout(self, client: Client) -> None:
         await open_layout(client, self._parts, self._requested)
-
-    async def _current(self) -> Partitions:
-        """The partitions, with the layout read again (another client may
-        have repartitioned the queue since we entered)."""
-        await refresh(self._open_client(), self._parts)
-        return self._parts
 
     def _open_client(self) -> Client:
         if self._client is None:

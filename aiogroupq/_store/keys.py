@@ -41,7 +41,7 @@ class QueueKeys:
 
     Fixed keys are attributes; per-task, per-group and per-consumer keys are
     methods. Lua scripts receive :attr:`prefix` and build the same names (see
-    ``_lua/lib/base.lua`` and ``_lua/lib/groups.lua``).
+    ``_lua/lib/base.lua`` and ``_lua/lib/slots.lua``).
     """
 
     __slots__ = (

@@ -30,21 +30,31 @@ from .codec import pack, unpack
 from .connection import resent_on_failover
 from .keys import id_partition
 from .partition import Partitions, base_id, crc, in_partition
+from .replies import (
+    MOVED,
+    GroupCorruptRefusal,
+    GroupFullRefusal,
+    NotReplicatedRefusal,
+    StaleLayoutRefusal,
+)
 
 if TYPE_CHECKING:
     from .connection import Client
 
 #: answers of a partition that send() handles (others are raised)
 _REFUSALS: Final = (
-    _scripts.StaleLayoutRefusal,
-    _scripts.NotReplicatedRefusal,
-    _scripts.GroupFullRefusal,
-    _scripts.GroupCorruptRefusal,
+    StaleLayoutRefusal,
+    NotReplicatedRefusal,
+    GroupFullRefusal,
+    GroupCorruptRefusal,
 )
 
 #: rounds of "stale" answers before giving up (a repartition's steps take
 #: milliseconds; this only bounds a partition left behind for good)
 _STALE_ROUNDS: Final = 50
+
+#: what one partition answered in a round: the ids, or what it raised
+_Result = list[str] | Exception
 
 
 async def send(
@@ -66,78 +76,21 @@ async def send(
     """
     if not parts.partitioned:
         try:
-            return await resent_on_failover(
-                client,
-                lambda: _scripts.enqueue(
-                    client,
-                    parts.keys(0),
-                    news,
-                    dedup_window_ms=dedup_window_ms,
-                    replication=replication,
-                ),
-            )
-        except _scripts.StaleLayoutRefusal:
+            return await _send_one(client, parts, news, dedup_window_ms, replication)
+        except StaleLayoutRefusal:
             await _layout.refresh(client, parts)  # partitioned since we looked
-    out: list[str] = ["" for _ in news]
-    current = list(news)
-    pending = list(range(len(news)))
-    moved: set[int] = set()
-    acked = -1
+    batch = _Batch(news)
     for rounds in range(_STALE_ROUNDS):
-        stale = False
-        by_part: dict[int, list[int]] = {}
-        for i in pending:
-            target = _target(parts, current[i], moved=i in moved)
-            if target != id_partition(current[i].id):
-                current[i] = _moved_to(current[i], target)
-            by_part.setdefault(target, []).append(i)
-        results: dict[int, list[str] | Exception] = {}
-        async with anyio.create_task_group() as tg:
-            for partition, indexes in by_part.items():
-                tg.start_soon(
-                    _send_part,
-                    client,
-                    parts,
-                    partition,
-                    [current[i] for i in indexes],
-                    results,
-                    dedup_window_ms,
-                    replication,
-                )
-        pending = []
-        for result in results.values():
-            if not isinstance(result, (list, *_REFUSALS)):
-                raise result  # the first failure, not an ExceptionGroup
-        for partition, indexes in by_part.items():
-            result = results[partition]
-            if isinstance(result, _scripts.NotReplicatedRefusal):
-                acked = result.acked if acked < 0 else min(acked, result.acked)
-                result = result.ids
-            if isinstance(result, _scripts.StaleLayoutRefusal):
-                stale = True
-                pending += indexes
-                continue
-            if isinstance(result, _scripts.GroupFullRefusal):
-                raise _scripts.GroupFullRefusal(
-                    indexes[result.index], result.live, result.cap
-                )
-            if isinstance(result, _scripts.GroupCorruptRefusal):
-                raise _scripts.GroupCorruptRefusal(indexes[result.index])
-            assert isinstance(result, list)
-            for i, task_id in zip(indexes, result, strict=True):
-                if task_id == _scripts.MOVED:
-                    moved.add(i)
-                    pending.append(i)
-                else:
-                    out[i] = task_id
-        if not pending:
-            if acked >= 0:
-                raise _scripts.NotReplicatedRefusal(out, acked)
-            return out
-        pending.sort()
+        by_part = batch.place(parts)
+        results = await _send_round(
+            client, parts, batch.split(by_part), dedup_window_ms, replication
+        )
+        stale = batch.fold(by_part, results)
+        if not batch.pending:
+            return batch.ids()
         # A "moved" answer to a client that knows of no move means the move
         # began after it read the layout: read it again, as for "stale".
-        if stale or (moved and not parts.layout.migrating):
+        if stale or (batch.moved and not parts.layout.migrating):
             if rounds:
                 await anyio.sleep(min(0.2, 0.01 * rounds))
             await _layout.refresh(client, parts)
@@ -147,12 +100,142 @@ async def send(
     )
 
 
+async def _send_one(
+    client: Client,
+    parts: Partitions,
+    news: Sequence[_scripts.NewTask],
+    dedup_window_ms: int,
+    replication: _scripts.Replication | None,
+) -> list[str]:
+    """A queue of one partition: one call, exactly as before partitions
+    existed (it raises the refusals as they come)."""
+    return await resent_on_failover(
+        client,
+        lambda: _scripts.enqueue(
+            client,
+            parts.keys(0),
+            news,
+            dedup_window_ms=dedup_window_ms,
+            replication=replication,
+        ),
+    )
+
+
+class _Batch:
+    """A partitioned send across its rounds: where each task is, what came
+    back, what is left to send."""
+
+    __slots__ = ("acked", "current", "moved", "out", "pending")
+
+    def __init__(self, news: Sequence[_scripts.NewTask]) -> None:
+        #: each task as last placed (its id and envelope follow its partition)
+        self.current = list(news)
+        #: the ids answered so far, by index into *news*
+        self.out: list[str] = ["" for _ in news]
+        #: indexes still to send, in order
+        self.pending = list(range(len(news)))
+        #: indexes answered "moved": they go to their group's new partition
+        self.moved: set[int] = set()
+        #: the fewest replicas any part's acknowledgement reached, when one
+        #: fell short (-1: none did)
+        self.acked = -1
+
+    def place(self, parts: Partitions) -> dict[int, list[int]]:
+        """The pending indexes by the partition each goes to now (a task
+        that changes partition gets an id of its new one)."""
+        by_part: dict[int, list[int]] = {}
+        for i in self.pending:
+            target = _target(parts, self.current[i], moved=i in self.moved)
+            if target != id_partition(self.current[i].id):
+                self.current[i] = _moved_to(self.current[i], target)
+            by_part.setdefault(target, []).append(i)
+        return by_part
+
+    def split(self, by_part: dict[int, list[int]]) -> dict[int, list[_scripts.NewTask]]:
+        """Each partition's part of the round, in order."""
+        return {
+            partition: [self.current[i] for i in indexes]
+            for partition, indexes in by_part.items()
+        }
+
+    def fold(self, by_part: dict[int, list[int]], results: dict[int, _Result]) -> bool:
+        """Take in a round's *results*; return whether a partition answered
+        "stale". What is to be sent again is left :attr:`pending`.
+
+        :raises GroupFullRefusal: (index into the batch) a part was refused
+        :raises GroupCorruptRefusal: (index into the batch) a part was refused
+        """
+        stale = False
+        self.pending = []
+        for partition, indexes in by_part.items():
+            result = results[partition]
+            if isinstance(result, NotReplicatedRefusal):
+                self.acked = (
+                    result.acked if self.acked < 0 else min(self.acked, result.acked)
+                )
+                result = result.ids
+            if isinstance(result, StaleLayoutRefusal):
+                stale = True
+                self.pending += indexes
+                continue
+            if isinstance(result, GroupFullRefusal):
+                raise GroupFullRefusal(indexes[result.index], result.live, result.cap)
+            if isinstance(result, GroupCorruptRefusal):
+                raise GroupCorruptRefusal(indexes[result.index])
+            assert isinstance(result, list)
+            for i, task_id in zip(indexes, result, strict=True):
+                if task_id == MOVED:
+                    self.moved.add(i)
+                    self.pending.append(i)
+                else:
+                    self.out[i] = task_id
+        self.pending.sort()
+        return stale
+
+    def ids(self) -> list[str]:
+        """The batch's ids, once none is pending.
+
+        :raises NotReplicatedRefusal: a part's acknowledgement fell short
+        """
+        if self.acked >= 0:
+            raise NotReplicatedRefusal(self.out, self.acked)
+        return self.out
+
+
+async def _send_round(
+    client: Client,
+    parts: Partitions,
+    split: dict[int, list[_scripts.NewTask]],
+    dedup_window_ms: int,
+    replication: _scripts.Replication | None,
+) -> dict[int, _Result]:
+    """Send each partition its part, all at once; return what each
+    answered, refusals included; any other failure is raised."""
+    results: dict[int, _Result] = {}
+    async with anyio.create_task_group() as tg:
+        for partition, part in split.items():
+            tg.start_soon(
+                _send_part,
+                client,
+                parts,
+                partition,
+                part,
+                results,
+                dedup_window_ms,
+                replication,
+            )
+    for result in results.values():
+        if not isinstance(result, (list, *_REFUSALS)):
+            raise result  # the first failure, not an ExceptionGroup
+    return results
+
+
 async def _send_part(
     client: Client,
     parts: Partitions,
     partition: int,
-    batch: list[_scripts.NewTask],
-    results: dict[int, list[str] | Exception],
+    part: list[_scripts.NewTask],
+    results: dict[int, _Result],
     dedup_window_ms: int,
     replication: _scripts.Replication | None,
 ) -> None:
@@ -162,9 +245,9 @@ async def _send_part(
             lambda: _scripts.enqueue(
                 client,
                 parts.keys(partition),
-                batch,
+                part,
                 dedup_window_ms=dedup_window_ms,
-                routing=_scripts.Routing(partition, [_hash(t) for t in batch]),
+                routing=_scripts.Routing(partition, [_hash(t) for t in part]),
                 replication=replication,
             ),
         )

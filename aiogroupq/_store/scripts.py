@@ -1,48 +1,31 @@
-"""The Lua scripts, run with EVALSHA; the only place that reads their replies.
+"""Every Lua script of the package, each with the queue's fixed keys it
+takes, and the wrapper that builds each call and reads its reply (the codes
+and refusals are in :mod:`.replies`; how a script runs, in :mod:`.lua`).
 
-Each ``_lua/<name>.lua`` names the helpers it uses with ``--- @include "x"``
-lines, resolved here from ``_lua/lib/x.lua`` (each helper once, after the
-helpers it includes itself), and is read once at import. Its first line is a
-``#!lua`` shebang: enqueue has no flags, so that under ``maxmemory`` Redis
-refuses it before it writes anything; every other script carries
-``allow-oom``, so that work already queued keeps draining. The SHA is computed
-locally, so the hot path is a single EVALSHA. A ``NOSCRIPT`` reply
-(``SCRIPT FLUSH``, a restart, a failover) means the script did not run; the
-call is then sent again as EVAL with the whole source, which cannot answer
-``NOSCRIPT`` however often the cache is flushed, and the script is loaded
-again so that later calls go back to EVALSHA.
-
-A script that meets a damaged key answers before writing anything; the
-error's text says which key, and :func:`_raise_for` turns it into
-:class:`~aiogroupq.CorruptQueueError`. Replies are read here too, and they
-carry bytes that anything with access to Redis may have written: what is
-decoded for display (ids, states, reasons) is decoded leniently and never
-raises.
+Replies carry bytes that anything with access to Redis may have written:
+what is decoded for display (ids, states, reasons) is decoded leniently and
+never raises.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import os
-import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib.resources import files
 from typing import TYPE_CHECKING, Any, Final
 
-from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import (
-    AskError,
-    NoScriptError,
-    OutOfMemoryError,
-    ResponseError,
-    TryAgainError,
-)
+from redis.exceptions import ResponseError
 
-from ..errors import CorruptQueueError, QueueFullError
-from .connection import REDIS_FAILURES, cluster_glitches
+from .lua import Script
+from .replies import (
+    CancelCode,
+    FinishCode,
+    HeartbeatCode,
+    NotReplicatedRefusal,
+    refusal,
+    text,
+)
 
 if TYPE_CHECKING:
     from redis.typing import EncodableT
@@ -50,210 +33,32 @@ if TYPE_CHECKING:
     from .connection import Client
     from .keys import QueueKeys
 
-
-def _read(path: str) -> str:
-    return files("aiogroupq").joinpath("_lua", path).read_text(encoding="utf-8")
-
-
-_INCLUDE: Final = re.compile(r'^--- @include "([a-z_]+)"$', re.MULTILINE)
-
-
-def _resolve(body: str, done: set[str]) -> str:
-    """*body* with each ``--- @include "x"`` replaced by ``lib/x.lua`` (itself
-    resolved first), or by nothing when an earlier include brought it in."""
-
-    def include(match: re.Match[str]) -> str:
-        name = match.group(1)
-        if name in done:
-            return ""
-        done.add(name)
-        return _resolve(_read(f"lib/{name}.lua"), done)
-
-    return _INCLUDE.sub(include, body)
-
-
-class Script:
-    """A ``_lua/<name>.lua`` file with its includes, run with EVALSHA."""
-
-    __slots__ = ("name", "sha", "source")
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        body = _read(f"{name}.lua")
-        # The shebang (script flags such as allow-oom) must stay the first line.
-        shebang, _, rest = (
-            body.partition("\n") if body.startswith("#!") else ("", "", body)
-        )
-        self.source = (shebang + "\n" + _resolve(rest, set())).encode()
-        self.sha = hashlib.sha1(self.source).hexdigest()
-
-    async def __call__(
-        self,
-        client: Client,
-        keys: QueueKeys,
-        extra_keys: Sequence[str],
-        args: Sequence[EncodableT],
-    ) -> Any:
-        with _glitches(client):
-            return await self._call(client, keys, extra_keys, args)
-
-    async def _call(
-        self,
-        client: Client,
-        keys: QueueKeys,
-        extra_keys: Sequence[str],
-        args: Sequence[EncodableT],
-    ) -> Any:
-        all_keys = _fixed(keys, extra_keys)
-        argv = (keys.prefix, *args)
-        try:
-            try:
-                return await client.evalsha(self.sha, len(all_keys), *all_keys, *argv)
-            except NoScriptError:
-                pass
-            # Not run. Loading first and retrying EVALSHA can meet a second
-            # flush in between (SCRIPT FLUSH on a timer does it); EVAL carries
-            # the source, so it runs whatever the cache holds. The load keeps
-            # the script cached for the next calls; EVAL alone may not (newer
-            # Redis versions evict scripts that only EVAL brought in).
-            await self.load(client, keys)
-            source = self.source.decode()
-            return await client.eval(source, len(all_keys), *all_keys, *argv)
-        except OutOfMemoryError as exc:  # refused before it ran: nothing written
-            raise QueueFullError(str(exc)) from exc
-        except ResponseError as exc:
-            _raise_for(exc)
-            raise
-
-    async def load(self, client: Client, keys: QueueKeys) -> None:
-        """``SCRIPT LOAD`` on the server of *keys*: with a cluster, the node
-        owning their slot only (a load sent to every primary would fail
-        while one of them is down; the EVAL that follows runs anyway)."""
-        if not isinstance(client, RedisCluster):
-            await client.script_load(self.source)
-            return
-        with contextlib.suppress(*REDIS_FAILURES):
-            node = client.get_node_from_key(keys.ready)
-            await client.execute_command("SCRIPT LOAD", self.source, target_nodes=node)
-
-    async def replicated(
-        self,
-        client: Client,
-        keys: QueueKeys,
-        extra_keys: Sequence[str],
-        args: Sequence[EncodableT],
-        *,
-        replicas: int,
-        timeout_ms: int,
-    ) -> tuple[Any, int]:
-        """Run the script, then ``WAIT replicas timeout_ms`` on the same
-        connection; return its reply and how many replicas acknowledged its
-        writes (and every write before them: replication is one ordered
-        stream). It is sent again only after ``NOSCRIPT`` or a cluster
-        redirection, which mean it did not run."""
-        with _glitches(client):
-            return await self._replicated(
-                client,
-                keys,
-                extra_keys,
-                args,
-                replicas=replicas,
-                timeout_ms=timeout_ms,
-            )
-
-    async def _replicated(
-        self,
-        client: Client,
-        keys: QueueKeys,
-        extra_keys: Sequence[str],
-        args: Sequence[EncodableT],
-        *,
-        replicas: int,
-        timeout_ms: int,
-    ) -> tuple[Any, int]:
-        all_keys = _fixed(keys, extra_keys)
-        argv = (keys.prefix, *args)
-        reply: Any = None
-        for _ in range(5):
-            async with client.pipeline(transaction=False) as pipe:
-                pipe.execute_command(
-                    "EVALSHA", self.sha, len(all_keys), *all_keys, *argv
-                )
-                if isinstance(client, RedisCluster):
-                    node = client.get_node_from_key(keys.ready)
-                    pipe.execute_command(
-                        "WAIT", replicas, timeout_ms, target_nodes=node
-                    )
-                    reply, acked = await pipe.execute(  # type: ignore[call-arg]
-                        raise_on_error=False, allow_redirections=False
-                    )
-                else:
-                    pipe.execute_command("WAIT", replicas, timeout_ms)
-                    reply, acked = await pipe.execute(raise_on_error=False)
-            if isinstance(reply, NoScriptError):
-                await self.load(client, keys)
-                continue
-            if isinstance(client, RedisCluster) and isinstance(
-                reply, AskError | TryAgainError
-            ):
-                # Not run: a keyed read follows the redirection, which
-                # updates the client's slot map; then send both again.
-                await client.hget(keys.conf, "parts")
-                continue
-            break
-        if isinstance(reply, OutOfMemoryError):
-            raise QueueFullError(str(reply)) from reply
-        if isinstance(reply, ResponseError):
-            _raise_for(reply)
-        if isinstance(reply, Exception):
-            raise reply
-        if isinstance(acked, Exception):
-            raise acked
-        return reply, int(acked)
-
-
-def _glitches(client: Client) -> contextlib.AbstractContextManager[None]:
-    # Only a cluster client has the failover glitch; on a plain client an
-    # AttributeError from redis-py stays what it is.
-    if isinstance(client, RedisCluster):
-        return cluster_glitches()
-    return contextlib.nullcontext()
-
-
-def _fixed(keys: QueueKeys, extra_keys: Sequence[str]) -> tuple[str, ...]:
-    return (
-        keys.ready,
-        keys.delayed,
-        keys.leases,
-        keys.wake,
-        keys.fence,
-        keys.dead,
-        *extra_keys,
-    )
-
-
-_CORRUPT: Final = "aiogroupq corrupt "
-
-
-def _raise_for(exc: ResponseError) -> None:
-    """Raise the typed error a script's refusal stands for, if it is one."""
-    text = str(exc)
-    if text.startswith(_CORRUPT):
-        key, _, detail = text[len(_CORRUPT) :].partition(": ")
-        raise CorruptQueueError(key, detail) from exc
-
-
-ENQUEUE: Final = Script("enqueue")
-CLAIM: Final = Script("claim")
-FINISH: Final = Script("finish")
-HEARTBEAT: Final = Script("heartbeat")
-RECOVER: Final = Script("recover")
-CANCEL: Final = Script("cancel")
-DEAD: Final = Script("dead")
-WAIT: Final = Script("wait")
-IDENTITY: Final = Script("identity")
-CONTROL: Final = Script("control")
-META: Final = Script("meta")
+# The catalogue: every script of the package, with the fixed keys it takes.
+ENQUEUE: Final = Script("enqueue", keys=("ready", "delayed", "wake"))
+CLAIM: Final = Script(
+    "claim", keys=("ready", "delayed", "leases", "wake", "fence", "dead")
+)
+FINISH: Final = Script("finish", keys=("ready", "delayed", "leases", "wake", "dead"))
+HEARTBEAT: Final = Script("heartbeat", keys=("leases",))
+RECOVER: Final = Script("recover", keys=("ready", "delayed", "leases", "wake", "dead"))
+CANCEL: Final = Script("cancel", keys=("ready", "delayed", "wake", "dead"))
+DEAD: Final = Script("dead", keys=("ready", "delayed", "wake", "dead"))
+WAIT: Final = Script("wait", keys=())
+IDENTITY: Final = Script("identity", keys=())
+CONTROL: Final = Script("control", keys=("ready", "delayed", "wake"))
+META: Final = Script("meta", keys=("ready", "delayed", "leases", "dead"))
+#: the views (``no-writes``: a replica may answer them)
+STATS: Final = Script("stats", keys=("ready", "delayed", "leases", "dead", "consumers"))
+GROUP_INFO: Final = Script(
+    "group_info", keys=("ready", "delayed", "leases", "dead", "consumers")
+)
+CONSUMERS: Final = Script("consumers", keys=("consumers",))
+TASK_INFO: Final = Script("task_info", keys=("delayed", "leases", "dead"))
+STATUSES: Final = Script("statuses", keys=())
+#: one step of ``aiogroupq check --repair``
+REPAIR: Final = Script(
+    "repair", keys=("ready", "delayed", "leases", "wake", "fence", "dead")
+)
 
 ALL_SCRIPTS: Final = (
     ENQUEUE,
@@ -267,6 +72,12 @@ ALL_SCRIPTS: Final = (
     IDENTITY,
     CONTROL,
     META,
+    STATS,
+    GROUP_INFO,
+    CONSUMERS,
+    TASK_INFO,
+    STATUSES,
+    REPAIR,
 )
 
 
@@ -287,49 +98,6 @@ class NewTask:
     expire_at_ms: int = 0  # must start before this Unix ms (server clock)
     schedule: str | None = None  # enqueued only if *tick* is the schedule's newest
     tick_ms: int = 0
-
-
-class GroupFullRefusal(Exception):
-    """``enqueue.lua`` refused the batch: task *index* would take its group
-    over its cap (the producer turns this into GroupFullError)."""
-
-    def __init__(self, index: int, live: int, cap: int) -> None:
-        super().__init__(index, live, cap)
-        self.index, self.live, self.cap = index, live, cap
-
-
-class GroupCorruptRefusal(Exception):
-    """``enqueue.lua`` refused the batch: a key of task *index*'s group is
-    damaged (the producer turns this into CorruptQueueError)."""
-
-    def __init__(self, index: int) -> None:
-        super().__init__(index)
-        self.index = index
-
-
-class StaleLayoutRefusal(Exception):
-    """``enqueue.lua`` refused the batch: a task does not belong in this
-    partition under the layout it holds (*stored*, e.g. ``"8"`` or
-    ``"8>12"``); the producer reads the layout again and routes anew."""
-
-    def __init__(self, stored: str) -> None:
-        super().__init__(stored)
-        self.stored = stored
-
-
-class NotReplicatedRefusal(Exception):
-    """The writes were made on the primary, but fewer replicas than asked
-    acknowledged them in time (the producer turns this into
-    NotReplicatedError)."""
-
-    def __init__(self, ids: list[str], acked: int) -> None:
-        super().__init__(ids, acked)
-        self.ids, self.acked = ids, acked
-
-
-#: the id ``enqueue.lua`` answers for a task whose group moved to its new
-#: partition (nothing written for it)
-MOVED: Final = ">"
 
 
 @dataclass(frozen=True, slots=True)
@@ -360,7 +128,8 @@ async def enqueue(
 ) -> list[str]:
     """Add *tasks* in one atomic call; return each task's id (a deduplicated
     task's is the id of the task holding its key; "" for a schedule tick that
-    was enqueued already; :data:`MOVED` for a task whose group moved).
+    was enqueued already; :data:`~.replies.MOVED` for a task whose group
+    moved).
 
     :raises GroupFullRefusal: nothing written, a group would exceed its cap
     :raises GroupCorruptRefusal: nothing written, a group's key is damaged
@@ -402,13 +171,8 @@ async def enqueue(
                 timeout_ms=replication.timeout_ms,
             )
     except ResponseError as exc:
-        words = str(exc).split()
-        if words[:2] == ["aiogroupq", "group-full"]:
-            raise GroupFullRefusal(*map(int, words[2:5])) from exc
-        if words[:2] == ["aiogroupq", "group-corrupt"]:
-            raise GroupCorruptRefusal(int(words[2])) from exc
-        if words[:2] == ["aiogroupq", "stale"]:
-            raise StaleLayoutRefusal(" ".join(words[2:3])) from exc
+        if (refused := refusal(exc)) is not None:
+            raise refused from exc
         raise
     ids = [bytes(task_id).decode("utf-8", "replace") for task_id in reply]
     if replication is not None and acked < replication.replicas:
@@ -419,7 +183,7 @@ async def enqueue(
 async def meta(client: Client, keys: QueueKeys, op: str, *args: str) -> str:
     """Run a ``meta.lua`` operation on one partition; return the layout it
     answers (``"1"``: one partition)."""
-    return _text(await META(client, keys, (), (op, *args)))
+    return text(await META(client, keys, (), (op, *args)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -450,7 +214,7 @@ class ClaimReply:
 
 
 def _texts(items: Any) -> tuple[str, ...]:
-    return tuple(_text(item) for item in items)
+    return tuple(text(item) for item in items)
 
 
 async def claim(
@@ -500,7 +264,7 @@ async def claim(
         replicated = acked >= replication.replicas
     tasks = [
         Claimed(
-            _text(reply[i]),
+            text(reply[i]),
             reply[i + 1],
             int(reply[i + 2]),
             int(reply[i + 3]),
@@ -533,26 +297,14 @@ class Outcome:
     arg2: str = ""
 
 
-APPLIED: Final = 1
-DUPLICATE: Final = 2
-LEASE_LOST: Final = 0
-#: applied as "cancel": a cancellation was requested before this outcome
-APPLIED_AS_CANCEL: Final = 3
-#: applied to the task alone: a key of its group is damaged
-GROUP_DAMAGED: Final = 4
-#: refused: the task's hash is damaged
-TASK_DAMAGED: Final = 5
-
-
 async def finish(
     client: Client, keys: QueueKeys, outcomes: Sequence[Outcome], *, retention_ms: int
-) -> list[int]:
-    """Apply *outcomes*; return APPLIED, APPLIED_AS_CANCEL, DUPLICATE,
-    LEASE_LOST, GROUP_DAMAGED or TASK_DAMAGED for each."""
+) -> list[FinishCode]:
+    """Apply *outcomes*; return what became of each."""
     args: list[EncodableT] = [retention_ms, len(outcomes)]
     for o in outcomes:
         args += (o.id, o.token, o.kind, o.arg1, o.arg2)
-    return [int(code) for code in await FINISH(client, keys, (), args)]
+    return [FinishCode(int(code)) for code in await FINISH(client, keys, (), args)]
 
 
 async def recover(
@@ -587,97 +339,6 @@ async def identity(
     return bytes(holder).decode()
 
 
-async def task_state(client: Client, keys: QueueKeys, task_id: str) -> str | None:
-    """The state field of a task's hash, or None if there is no such task."""
-    state: Any = await client.hget(keys.task(task_id), "s")
-    return None if state is None else _text(state)
-
-
-@dataclass(frozen=True, slots=True)
-class DeadRow:
-    """A dead-lettered task's stored fields."""
-
-    id: str
-    dead_at_ms: float
-    envelope: bytes
-    reason: str
-    traceback: str
-    attempts: int
-
-
-async def dead_rows(client: Client, keys: QueueKeys, limit: int) -> list[DeadRow]:
-    """The oldest *limit* dead letters (two round trips: ids, then fields)."""
-    entries: Any = await client.zrange(keys.dead, 0, limit - 1, withscores=True)
-    return await _dead_rows(client, keys, entries)
-
-
-async def dead_rows_by_id(
-    client: Client, keys: QueueKeys, ids: Sequence[str]
-) -> list[DeadRow]:
-    """The dead letters among *ids* (others are left out)."""
-    async with client.pipeline(transaction=False) as pipe:
-        for task_id in ids:
-            pipe.zscore(keys.dead, task_id)
-        scores: list[Any] = await pipe.execute()
-    entries = [
-        (task_id.encode(), score)
-        for task_id, score in zip(ids, scores, strict=True)
-        if score is not None
-    ]
-    return await _dead_rows(client, keys, entries)
-
-
-async def _dead_rows(
-    client: Client, keys: QueueKeys, entries: Sequence[tuple[bytes, float]]
-) -> list[DeadRow]:
-    async with client.pipeline(transaction=False) as pipe:
-        for task_id, _ in entries:
-            pipe.hmget(_task_key(keys, task_id), "e", "x", "tb", "a")
-        rows: list[list[Any]] = await pipe.execute()
-    out = []
-    for (task_id, score), (env, reason, trace, attempts) in zip(
-        entries, rows, strict=True
-    ):
-        if env is not None:  # else purged between the two reads
-            out.append(
-                DeadRow(
-                    _text(task_id),
-                    float(score),
-                    bytes(env),
-                    _text(reason or b""),
-                    _text(trace or b""),
-                    _count(attempts),
-                )
-            )
-    return out
-
-
-def _text(value: Any) -> str:
-    """Stored bytes as text for display; invalid UTF-8 shows as U+FFFD."""
-    return bytes(value).decode(errors="replace")
-
-
-def _count(value: Any) -> int:
-    """A stored counter, 0 if it is missing or not an integer."""
-    try:
-        return int(value or 0)
-    except ValueError:
-        return 0
-
-
-def _task_key(keys: QueueKeys, task_id: bytes) -> bytes:
-    # The key of a stored id exactly as stored, even if it is not UTF-8:
-    # surrogateescape gives back the original bytes.
-    return keys.task(task_id.decode(errors="surrogateescape")).encode(
-        errors="surrogateescape"
-    )
-
-
-LOST: Final = 0
-ALIVE: Final = 1
-CANCEL_REQUESTED: Final = 2
-
-
 async def heartbeat(
     client: Client,
     keys: QueueKeys,
@@ -687,10 +348,10 @@ async def heartbeat(
     consumer: str | None = None,
     registration: Sequence[tuple[str, EncodableT]] = (),
     replication: Replication | None = None,
-) -> list[int]:
-    """Extend *leases* (task id, token); return ALIVE, LOST or CANCEL_REQUESTED
-    for each. With *consumer*, also record it in the consumer registry with
-    the *registration* fields (host, pid, in-flight count, ...).
+) -> list[HeartbeatCode]:
+    """Extend *leases* (task id, token); return what became of each. With
+    *consumer*, also record it in the consumer registry with the
+    *registration* fields (host, pid, in-flight count, ...).
 
     :raises NotReplicatedRefusal: with *replication*, when too few replicas
         acknowledged the extension in time (its ``ids`` are the codes)
@@ -705,7 +366,8 @@ async def heartbeat(
         for name, value in registration:
             args += (name, value)
     if replication is None:
-        return [int(code) for code in await HEARTBEAT(client, keys, extra, args)]
+        reply = await HEARTBEAT(client, keys, extra, args)
+        return [HeartbeatCode(int(code)) for code in reply]
     reply, acked = await HEARTBEAT.replicated(
         client,
         keys,
@@ -714,23 +376,17 @@ async def heartbeat(
         replicas=replication.replicas,
         timeout_ms=replication.timeout_ms,
     )
-    codes = [int(code) for code in reply]
+    codes = [HeartbeatCode(int(code)) for code in reply]
     if acked < replication.replicas:
-        raise NotReplicatedRefusal([str(code) for code in codes], acked)
+        raise NotReplicatedRefusal([str(int(c)) for c in codes], acked)
     return codes
-
-
-NOT_FOUND: Final = 0
-CANCELLED: Final = 1
-REQUESTED: Final = 2
-FINISHED: Final = 3
 
 
 async def cancel(
     client: Client, keys: QueueKeys, task_id: str, *, retention_ms: int
-) -> int:
-    """Cancel *task_id*: NOT_FOUND, CANCELLED, REQUESTED (running) or FINISHED."""
-    return int(await CANCEL(client, keys, (), (retention_ms, task_id)))
+) -> CancelCode:
+    """Cancel *task_id*, wherever it waits (or ask its consumer to)."""
+    return CancelCode(int(await CANCEL(client, keys, (), (retention_ms, task_id))))
 
 
 #: targets per ``dead.lua`` call: each call stays a few ms of Redis time
@@ -749,12 +405,6 @@ async def dead_action(
     return done
 
 
-async def dead_ids(client: Client, keys: QueueKeys, limit: int) -> list[str]:
-    """The oldest *limit* dead task ids."""
-    ids: Any = await client.zrange(keys.dead, 0, limit - 1)
-    return [bytes(task_id).decode() for task_id in ids]
-
-
 async def wait_done(
     client: Client, keys: QueueKeys, task_id: str, timeout: float, block_cap: float
 ) -> tuple[str | None, bytes | None, str]:
@@ -765,22 +415,22 @@ async def wait_done(
     back so that other waiters wake too. *block_cap* keeps each blocking pop
     under the client's socket timeout.
     """
-    done = keys.done(task_id)
+    done, task = keys.done(task_id), (keys.task(task_id),)
     deadline = time.monotonic() + timeout
     while True:
-        row: Any = await WAIT(client, keys, (), (task_id,))
+        row: Any = await WAIT(client, keys, task, ())
         if not row:
             return None, None, ""
-        state = _text(row[0])
+        state = text(row[0])
         if state not in ("queued", "delayed", "running"):
-            reason = _text(row[2]) if row[2] else ""
+            reason = text(row[2]) if row[2] else ""
             return state, row[1] or None, reason
         left = deadline - time.monotonic()
         if left <= 0:
             return state, None, ""
         if await client.blpop([done], timeout=min(left, block_cap)) is not None:
-            row = await WAIT(client, keys, (), (task_id,))
-            if row and _text(row[0]) not in ("queued", "delayed", "running"):
+            row = await WAIT(client, keys, task, ())
+            if row and text(row[0]) not in ("queued", "delayed", "running"):
                 await client.rpush(done, "1")  # for the other waiters
             # else a stale token (a dead letter requeued since): dropped
 

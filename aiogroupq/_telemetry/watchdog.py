@@ -111,7 +111,7 @@ class Watchdog:
                 if now >= running.lease_scope.deadline:
                     cancelled.add(id(running))
                     try:
-                        loop.call_soon_threadsafe(running.lease_scope.cancel)
+                        loop.call_soon_threadsafe(running.expire)
                     except RuntimeError:  # the loop is closed: nothing to stop
                         return
 

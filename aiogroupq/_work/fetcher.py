@@ -9,6 +9,9 @@ fetchers claiming at once never hand out more tasks than there are slots),
 gives back what it did not fill, and waits its turn when there are none: the
 fetcher that waited longest is served first, so a partition with a deep
 backlog cannot starve the others.
+
+:class:`Fetchers` runs one fetcher per partition of the queue's layout and
+follows the layout: a repartition adds or retires partitions.
 """
 
 from __future__ import annotations
@@ -16,15 +19,15 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 import anyio
 
-from .._store import scripts as _scripts
+from .._store import layout as _layout, scripts as _scripts
 from .._store.connection import REDIS_FAILURES, socket_timeout
-from ..errors import QueueFullError
+from ..errors import ConfigurationError, QueueFullError
+from .leases import local_lease
 from .runner import Running
 
 if TYPE_CHECKING:
@@ -33,9 +36,14 @@ if TYPE_CHECKING:
 
     from .._store.connection import Client
     from .._store.keys import QueueKeys
+    from .._store.partition import Partitions
+    from .outcomes import Counters, Outcomes
 
 logger = logging.getLogger("aiogroupq.consumer")
 
+#: seconds between two reads of the queue's partition layout (a repartition
+#: reaches every consumer within this)
+LAYOUT_POLL: Final = 1.0
 #: longest a fetcher blocks on the wake list before it claims anyway
 MAX_BLOCK: Final = 1.0
 #: slack for the server's cron tick, on which blocking pops time out
@@ -99,7 +107,7 @@ class SlotPool:
 
 @dataclass(slots=True)
 class FetchContext:
-    """What the fetchers of one consumer share."""
+    """What the fetchers of one consumer's run share."""
 
     name: str
     queue: str
@@ -109,23 +117,83 @@ class FetchContext:
     replication: _scripts.Replication | None
     slots: SlotPool
     running: dict[str, Running]
-    counts: dict[str, int]
-    #: tasks a script dead-lettered on its own (for on_dead)
-    dead_elsewhere: Callable[[Client, Sequence[str]], None]
-    #: tasks a claim ended expired (for their events)
-    expired: Callable[[Sequence[str]], None]
-    #: claimed tasks to hand back unstarted (a claim no replica acknowledged)
-    hand_back: Callable[[Running], None]
+    counters: Counters
+    #: takes claimed tasks that will not run here: handed back unstarted (a
+    #: claim no replica acknowledged), expired, dead-lettered by a script
+    outcomes: Outcomes
 
     def local_lease(self) -> float:
         """Seconds a claim or heartbeat keeps a handler running."""
         return local_lease(self.lease_ttl)
 
 
-def local_lease(lease_ttl: float) -> float:
-    """Seconds a claim or heartbeat keeps a handler running: a little less
-    than the lease, so that it stops before the server recovers the task."""
-    return lease_ttl - min(1.0, lease_ttl * 0.1)
+class Fetchers:
+    """One run's fetchers, one per partition of the queue's layout.
+
+    :param parts: the queue's partitions, whose layout they follow
+    :param ctx: what the fetchers share
+    """
+
+    def __init__(self, parts: Partitions, ctx: FetchContext) -> None:
+        self.ctx = ctx
+        self._parts = parts
+        self._fetchers: dict[int, Fetcher] = {}
+        self._stopped = anyio.Event()
+
+    def stop(self) -> None:
+        """Stop claiming: close the slots and wake every fetcher."""
+        self.ctx.slots.close()
+        self._stopped.set()
+        for fetcher in self._fetchers.values():
+            fetcher.wake()
+
+    async def run(
+        self,
+        client: Client,
+        send: MemoryObjectSendStream[Running],
+        *,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Run one fetcher per partition, claiming when this reports started;
+        re-read the layout every :data:`LAYOUT_POLL` seconds until stopped."""
+        queue = self.ctx.queue
+        async with send, anyio.create_task_group() as tg:
+
+            async def follow() -> None:
+                for partition in range(self._parts.layout.count):
+                    if partition not in self._fetchers:
+                        fetcher = Fetcher(self.ctx, self._parts.keys(partition))
+                        self._fetchers[partition] = fetcher
+                        await tg.start(fetcher.run, client, send.clone())
+                for partition, fetcher in list(self._fetchers.items()):
+                    if partition >= self._parts.layout.count:
+                        fetcher.retire()
+                        del self._fetchers[partition]
+
+            await follow()
+            task_status.started()
+            while True:
+                with anyio.move_on_after(LAYOUT_POLL):
+                    await self._stopped.wait()
+                if self._stopped.is_set():
+                    break
+                try:
+                    if await _layout.refresh(client, self._parts):
+                        logger.info(
+                            "queue %r: partition layout is now %s",
+                            queue,
+                            self._parts.layout.text(),
+                        )
+                        await follow()
+                except REDIS_FAILURES as exc:
+                    logger.debug("could not read the partition layout: %s", exc)
+                except ConfigurationError as exc:  # a damaged layout: keep ours
+                    logger.error(
+                        "queue %r: %s; going on with the layout %s",
+                        queue,
+                        exc,
+                        self._parts.layout.text(),
+                    )
 
 
 class Fetcher:
@@ -168,31 +236,10 @@ class Fetcher:
         async with send:
             while not ctx.slots.closed and not self.retired:
                 if reconcile is not None:
-                    try:
-                        given_back, dead = await _scripts.recover(
-                            client,
-                            keys,
-                            ctx.name,
-                            counted=reconcile,
-                            retention_ms=ctx.retention_ms,
-                            keep=[i for i in ctx.running if keys.owns(i)],
-                        )
-                    except REDIS_FAILURES as exc:
-                        logger.warning(
-                            "recovery failed (%s); retrying in %.2fs", exc, backoff
-                        )
+                    if not await self._recover(client, reconcile, backoff):
                         await self._block(None, backoff)
                         backoff = min(backoff * 2, _BACKOFF_MAX)
                         continue
-                    ctx.dead_elsewhere(client, dead)
-                    if given_back:
-                        logger.warning(
-                            "consumer %s gave back %d tasks it held but was not "
-                            "running (%s)",
-                            ctx.name,
-                            given_back,
-                            "previous incarnation" if reconcile else "lost reply",
-                        )
                     reconcile = None
                 k = await ctx.slots.take(ctx.claim_batch)
                 if k == 0:
@@ -222,25 +269,7 @@ class Fetcher:
                     continue
                 ctx.slots.give(k - len(reply.tasks))
                 backoff = _BACKOFF_FIRST
-                for problem in reply.problems:
-                    logger.error(
-                        "damaged key in queue %r: %s; run 'aiogroupq check --repair'",
-                        ctx.queue,
-                        problem,
-                    )
-                ctx.dead_elsewhere(client, reply.dead)
-                if reply.expired:
-                    ctx.expired(reply.expired)
-                deadline = sent_at + ctx.local_lease()
-                for claimed in reply.tasks:
-                    running = Running(claimed)
-                    running.lease_scope.deadline = deadline
-                    ctx.running[claimed.id] = running
-                    if reply.replicated:
-                        send.send_nowait(running)
-                    else:
-                        ctx.hand_back(running)
-                ctx.counts["claimed"] += len(reply.tasks)
+                self._hand_out(reply, sent_at + ctx.local_lease(), send)
                 if not reply.replicated:
                     ctx.slots.give(len(reply.tasks))
                     # Not started: a failover now could lose the claim, and
@@ -261,6 +290,60 @@ class Fetcher:
                 due = 0 <= reply.wait_ms < (block_cap + _SERVER_TICK) * 1000
                 timeout = reply.wait_ms / 1000 if due else block_cap
                 await self._block(client, timeout, due=due)
+
+    async def _recover(self, client: Client, counted: bool, backoff: float) -> bool:
+        """Give back what our name holds but does not run (counting the
+        attempt when a previous incarnation ran it); False if Redis failed."""
+        ctx = self.ctx
+        try:
+            given_back, dead = await _scripts.recover(
+                client,
+                self.keys,
+                ctx.name,
+                counted=counted,
+                retention_ms=ctx.retention_ms,
+                keep=[i for i in ctx.running if self.keys.owns(i)],
+            )
+        except REDIS_FAILURES as exc:
+            logger.warning("recovery failed (%s); retrying in %.2fs", exc, backoff)
+            return False
+        ctx.outcomes.dead_elsewhere(dead)
+        if given_back:
+            logger.warning(
+                "consumer %s gave back %d tasks it held but was not running (%s)",
+                ctx.name,
+                given_back,
+                "previous incarnation" if counted else "lost reply",
+            )
+        return True
+
+    def _hand_out(
+        self,
+        reply: _scripts.ClaimReply,
+        deadline: float,
+        send: MemoryObjectSendStream[Running],
+    ) -> None:
+        """Pass a claim's tasks to the workers, leased until *deadline* (or
+        back, unstarted, when no replica acknowledged the claim); report what
+        else the claim found."""
+        ctx = self.ctx
+        for problem in reply.problems:
+            logger.error(
+                "damaged key in queue %r: %s; run 'aiogroupq check --repair'",
+                ctx.queue,
+                problem,
+            )
+        ctx.outcomes.dead_elsewhere(reply.dead)
+        if reply.expired:
+            ctx.outcomes.expired(reply.expired)
+        for claimed in reply.tasks:
+            running = Running(claimed, anyio.CancelScope(deadline=deadline))
+            ctx.running[claimed.id] = running
+            if reply.replicated:
+                send.send_nowait(running)
+            else:
+                ctx.outcomes.hand_back(running)
+        ctx.counters.claimed += len(reply.tasks)
 
     async def _block(
         self, client: Client | None, timeout: float, *, due: bool = False

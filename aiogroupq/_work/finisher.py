@@ -16,6 +16,7 @@ import anyio
 
 from .._store import scripts as _scripts
 from .._store.connection import REDIS_FAILURES
+from .._store.replies import FinishCode
 
 if TYPE_CHECKING:
     from .._store.connection import Client
@@ -26,7 +27,7 @@ logger = logging.getLogger("aiogroupq.consumer")  # it records consumers' outcom
 
 MAX_BATCH: Final = 256
 
-Callback = Callable[[_scripts.Outcome, int], None]
+Callback = Callable[[_scripts.Outcome, FinishCode], None]
 
 
 class Finisher:
@@ -65,7 +66,7 @@ class Finisher:
             parts: dict[QueueKeys, list[_scripts.Outcome]] = {}
             for outcome in batch:
                 parts.setdefault(self._parts.of_id(outcome.id), []).append(outcome)
-            done: list[tuple[_scripts.Outcome, int]] = []
+            done: list[tuple[_scripts.Outcome, FinishCode]] = []
             failed: list[_scripts.Outcome] = []
 
             async def send(keys: QueueKeys, outcomes: list[_scripts.Outcome]) -> None:

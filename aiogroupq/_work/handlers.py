@@ -35,7 +35,7 @@ class Handler:
         :meth:`Producer.result` during the retention window
     :param on_dead: ``"continue"`` (default): a dead-lettered task's group
         goes on with its next task; ``"halt"``: the group stops behind it until
-        :meth:`Producer.requeue_dead` or :meth:`Producer.release_group`.
+        :meth:`Admin.requeue_dead` or :meth:`Admin.release_group`.
         Dead-lettering by lease expiry on the last attempt always continues.
     :raises ConfigurationError: for an unusable option
     """

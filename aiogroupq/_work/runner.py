@@ -11,7 +11,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 
@@ -36,12 +36,17 @@ ENVELOPE_OVERHEAD: Final = 1024
 
 @dataclass(eq=False)
 class Running:
-    """A task this consumer holds, from claim until its outcome is recorded."""
+    """A task this consumer holds, from claim until its outcome is recorded.
+
+    The heartbeat tells it what the server answered through :meth:`extend`,
+    :meth:`mark_lost` and :meth:`request_cancel`; the runner reads the flags
+    once the handler ended.
+    """
 
     claimed: Claimed
-    # Cancelled by the heartbeat when the lease is lost or a cancellation is
-    # requested; its deadline is the local lease deadline, so a consumer that
-    # cannot renew its leases stops by itself.
+    # Cancelled when the lease is lost or a cancellation is requested; its
+    # deadline is the local lease deadline, so a consumer that cannot renew
+    # its leases stops by itself.
     lease_scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     lost: bool = False
     cancel_requested: bool = False
@@ -52,6 +57,27 @@ class Running:
     frame: FrameType | None = None
     # Seconds the handler ran, once it ended.
     duration: float | None = None
+
+    def extend(self, deadline: float) -> None:
+        """Move the local lease deadline: a renewal holds the lease until then."""
+        self.lease_scope.deadline = deadline
+
+    def mark_lost(self) -> None:
+        """The lease is gone (the task was recovered): stop the handler, and
+        drop whatever it returns."""
+        self.lost = True
+        self.lease_scope.cancel()
+
+    def request_cancel(self) -> None:
+        """Someone asked to cancel the task: stop the handler (once)."""
+        if not self.cancel_requested:
+            self.cancel_requested = True
+            self.lease_scope.cancel()
+
+    def expire(self) -> None:
+        """The local lease deadline passed: stop the handler now, before its
+        deadline's timer would (the watchdog's way on a stalled loop)."""
+        self.lease_scope.cancel()
 
     def describe(self) -> str:
         """``task <id> (type …, group …, attempt n of m)``, as known."""
@@ -99,6 +125,21 @@ def _trace(exc: BaseException) -> str:
 
 class _Attempt:
     """Builds the outcome of one attempt."""
+
+    __slots__ = (
+        "_submit",
+        "claimed",
+        "envelope",
+        "observers",
+        "payload",
+        "route",
+        "running",
+        "sent",
+    )
+
+    # Set by _decode, once the task decoded.
+    route: Route
+    payload: Any
 
     def __init__(self, running: Running, submit: Submit, observers: Observers) -> None:
         self.running = running
@@ -156,36 +197,44 @@ class _Attempt:
         kind = "halt" if halt and envelope and envelope.group else "dead"
         self.submit(Outcome(claimed.id, claimed.token, kind, reason, trace), notice)
 
+    def reject(
+        self,
+        message: str,
+        *args: object,
+        reason: str,
+        trace: str = "",
+        halt: bool = False,
+        exc_info: BaseException | None = None,
+    ) -> None:
+        """Log *message* at ERROR (its first ``%s`` names the task, *args*
+        fill the others) and dead-letter the task with *reason*."""
+        logger.error(
+            message, self.about(), *args, exc_info=exc_info, extra=self.extra()
+        )
+        self.dead(reason, trace, halt=halt)
+
     def too_large(self, size: int, what: str, limit: int) -> None:
         """Dead-letter a task too large to decode (never halts: the size
         limit is the consumer's, not the task type's)."""
-        logger.error(
+        allowed = f"{limit}" if what == "payload" else f"{limit} + {ENVELOPE_OVERHEAD}"
+        self.reject(
             "%s is too large: %s of %d bytes, over the consumer's limit; dead-lettered",
-            self.about(),
             what,
             size,
-            extra=self.extra(),
-        )
-        allowed = f"{limit}" if what == "payload" else f"{limit} + {ENVELOPE_OVERHEAD}"
-        self.dead(
-            f"PayloadTooLarge: the stored {what} is {size} bytes, over the "
+            reason=f"PayloadTooLarge: the stored {what} is {size} bytes, over the "
             f"{allowed} bytes this consumer's max_payload_bytes allows (raise "
-            "Consumer(max_payload_bytes=...) to match the producer's)"
+            "Consumer(max_payload_bytes=...) to match the producer's)",
         )
 
     def failed(
-        self,
-        route: Route,
-        default: RetryPolicy,
-        exc: BaseException,
-        *,
-        delay: float | None,
+        self, default: RetryPolicy, exc: BaseException, *, delay: float | None
     ) -> None:
         """Retry per the policy, or dead-letter on the last attempt."""
-        envelope, claimed, options = self.envelope, self.claimed, route.options
+        envelope, claimed, options = self.envelope, self.claimed, self.route.options
         assert envelope is not None
         halt = options.on_dead == "halt"
-        if not isinstance(exc, Retry):
+        retry = isinstance(exc, Retry)
+        if not retry:
             self.observers.emit(
                 EventKind.FAILED,
                 task_id=claimed.id,
@@ -196,27 +245,24 @@ class _Attempt:
                 error=exc,
             )
         if isinstance(exc, options.no_retry):
-            logger.error(
+            self.reject(
                 "%s failed with %s, which is not retried; dead-lettered",
-                self.about(),
                 _reason(exc),
+                reason=_reason(exc),
+                trace=_trace(exc),
+                halt=halt,
                 exc_info=exc,
-                extra=self.extra(),
             )
-            self.dead(_reason(exc), _trace(exc), halt=halt)
             return
-        max_attempts = claimed.max_attempts or envelope.max_attempts
-        if claimed.attempt >= max_attempts:
-            retry = isinstance(exc, Retry)
-            logger.error(
+        if claimed.attempt >= (claimed.max_attempts or envelope.max_attempts):
+            self.reject(
                 "%s failed on its last attempt with %s; dead-lettered",
-                self.about(),
                 "a Retry request" if retry else _reason(exc),
+                reason="Retry requested on the last attempt" if retry else _reason(exc),
+                trace="" if retry else _trace(exc),
+                halt=halt,
                 exc_info=None if retry else exc,
-                extra=self.extra(),
             )
-            reason = "Retry requested on the last attempt" if retry else _reason(exc)
-            self.dead(reason, "" if retry else _trace(exc), halt=halt)
             return
         if delay is None:
             policy = RetryPolicy(
@@ -228,7 +274,7 @@ class _Attempt:
                 else options.retry_backoff_max,
             )
             delay = policy.delay(claimed.attempt)
-        if isinstance(exc, Retry):
+        if retry:
             logger.warning(
                 "%s asked to retry in %.3fs",
                 self.about(),
@@ -296,76 +342,117 @@ async def _run(
     policy: RetryPolicy,
     max_payload_bytes: int,
 ) -> None:
-    claimed = running.claimed
-    # Checked before decoding: decoding cost grows with size.
-    if len(claimed.envelope) > max_payload_bytes + ENVELOPE_OVERHEAD:
-        attempt.too_large(len(claimed.envelope), "envelope", max_payload_bytes)
-        return
-    try:
-        envelope = attempt.envelope = unpack(claimed.envelope)
-    except Exception as exc:  # noqa: BLE001 - any bytes at all may be stored
-        detail = describe_decode_error(exc)
-        logger.error(
-            "%s has a corrupt envelope: %s; dead-lettered",
-            attempt.about(),
-            detail,
-            extra=attempt.extra(),
-        )
-        attempt.dead(f"CorruptEnvelope: {detail}")
-        return
-    if len(envelope.payload) > max_payload_bytes:
-        attempt.too_large(len(envelope.payload), "payload", max_payload_bytes)
-        return
-    if problem := _out_of_range(envelope):
-        logger.error(
-            "%s has a corrupt envelope: %s; dead-lettered",
-            attempt.about(),
-            problem,
-            extra=attempt.extra(),
-        )
-        attempt.dead(f"CorruptEnvelope: {problem}")
-        return
-    route = routes.get(envelope.type)
-    if route is None:
-        logger.error(
-            "%s has no handler here; dead-lettered",
-            attempt.about(),
-            extra=attempt.extra(),
-        )
-        attempt.dead(
-            f"UnknownTaskType: no handler for task type {short(envelope.type)}; "
-            f"this consumer handles {sorted(routes)!r}"
-        )
-        return
-    try:
-        payload = route.decoder.decode(envelope.payload)
-    except Exception as exc:  # noqa: BLE001 - also a dataclass's __post_init__
-        detail = describe_decode_error(exc)
-        logger.error(
-            "payload of %s does not decode into %s: %s; dead-lettered",
-            attempt.about(),
-            route.describe_type(),
-            detail,
-            extra=attempt.extra(),
-        )
-        attempt.dead(
-            f"InvalidPayload: payload does not decode into {route.describe_type()}: "
-            f"{detail}",
-            halt=route.options.on_dead == "halt",
-        )
-        return
-
+    """The attempt's steps: decode, invoke the handler under its lease and
+    timeout, conclude; a task that cannot run is rejected on the way."""
+    envelope = _decode(attempt, routes, max_payload_bytes)
+    if envelope is None:
+        return  # rejected
     if anyio.current_time() >= running.lease_scope.deadline:
         # The claim's reply came too late (a Redis stall): the lease may be
         # gone already. The handler never ran, so no attempt is counted; if
         # the task was recovered meanwhile, this hand-back is refused.
         attempt.outcome("back")
         return
+    route = attempt.route
     timeout = (
         route.options.timeout
         if envelope.timeout_ms is None
         else envelope.timeout_ms / 1000
     )
+    info = _begin(attempt, envelope)
+    context_token = _current.set(info)
+    timed_out, result = False, None  # a stopped handler returns nothing
+    running.frame = sys._getframe()
+    started = time.perf_counter()
+    try:
+        with (
+            running.lease_scope,
+            anyio.move_on_after(timeout) as timeout_scope,
+            attempt.observers.handler(info),
+        ):
+            if route.takes_payload:
+                result = await route.func(attempt.payload)
+            else:
+                result = await route.func()
+        timed_out = timeout_scope.cancelled_caught
+    except anyio.get_cancelled_exc_class():
+        # The consumer is shutting down past its grace period: the task did
+        # not finish, so it goes back to the front of its group, uncounted.
+        attempt.outcome("back")
+        raise
+    except Retry as exc:
+        running.duration = time.perf_counter() - started
+        attempt.failed(policy, exc, delay=exc.delay)
+        return
+    except Exception as exc:  # noqa: BLE001 - any handler error is an outcome
+        running.duration = time.perf_counter() - started
+        attempt.failed(policy, exc, delay=None)
+        return
+    finally:
+        running.frame = None
+        _current.reset(context_token)
+    running.duration = time.perf_counter() - started
+    _conclude(attempt, policy, result, timed_out, timeout)
+
+
+def _decode(
+    attempt: _Attempt, routes: dict[str, Route], max_payload_bytes: int
+) -> Envelope | None:
+    """Decode the task's envelope and payload, and find its handler (in
+    ``attempt.route`` and ``attempt.payload``); None if the task was rejected."""
+    stored = attempt.claimed.envelope
+    # Checked before decoding: decoding cost grows with size.
+    if len(stored) > max_payload_bytes + ENVELOPE_OVERHEAD:
+        attempt.too_large(len(stored), "envelope", max_payload_bytes)
+        return None
+    try:
+        envelope = attempt.envelope = unpack(stored)
+    except Exception as exc:  # noqa: BLE001 - any bytes at all may be stored
+        detail = describe_decode_error(exc)
+        attempt.reject(
+            "%s has a corrupt envelope: %s; dead-lettered",
+            detail,
+            reason=f"CorruptEnvelope: {detail}",
+        )
+        return None
+    if len(envelope.payload) > max_payload_bytes:
+        attempt.too_large(len(envelope.payload), "payload", max_payload_bytes)
+        return None
+    if problem := _out_of_range(envelope):
+        attempt.reject(
+            "%s has a corrupt envelope: %s; dead-lettered",
+            problem,
+            reason=f"CorruptEnvelope: {problem}",
+        )
+        return None
+    route = routes.get(envelope.type)
+    if route is None:
+        attempt.reject(
+            "%s has no handler here; dead-lettered",
+            reason="UnknownTaskType: no handler for task type "
+            f"{short(envelope.type)}; this consumer handles {sorted(routes)!r}",
+        )
+        return None
+    try:
+        attempt.payload = route.decoder.decode(envelope.payload)
+    except Exception as exc:  # noqa: BLE001 - also a dataclass's __post_init__
+        detail = describe_decode_error(exc)
+        attempt.reject(
+            "payload of %s does not decode into %s: %s; dead-lettered",
+            route.describe_type(),
+            detail,
+            reason="InvalidPayload: payload does not decode into "
+            f"{route.describe_type()}: {detail}",
+            halt=route.options.on_dead == "halt",
+        )
+        return None
+    attempt.route = route
+    return envelope
+
+
+def _begin(attempt: _Attempt, envelope: Envelope) -> TaskInfo:
+    """What the handler sees of its task; logged and told to the observers."""
+    running, claimed = attempt.running, attempt.claimed
     info = running.info = TaskInfo(
         id=claimed.id,
         type=envelope.type,
@@ -380,9 +467,9 @@ async def _run(
         due_at=claimed.due_ms / 1000,
         headers=envelope.headers or {},
     )
-    observers = attempt.observers
     if logger.isEnabledFor(logging.DEBUG):
         logger.debug("%s started", attempt.about(), extra=attempt.extra())
+    observers = attempt.observers
     if observers:
         observers.emit(
             EventKind.STARTED,
@@ -395,39 +482,18 @@ async def _run(
             if claimed.due_ms and claimed.claimed_ms
             else None,
         )
-    context_token = _current.set(info)
-    timed_out = False
-    running.frame = sys._getframe()
-    started = time.perf_counter()
-    try:
-        with (
-            running.lease_scope,
-            anyio.move_on_after(timeout) as timeout_scope,
-            observers.handler(info),
-        ):
-            if route.takes_payload:
-                result = await route.func(payload)
-            else:
-                result = await route.func()
-        timed_out = timeout_scope.cancelled_caught
-    except anyio.get_cancelled_exc_class():
-        # The consumer is shutting down past its grace period: the task did
-        # not finish, so it goes back to the front of its group, uncounted.
-        attempt.outcome("back")
-        raise
-    except Retry as exc:
-        running.duration = time.perf_counter() - started
-        attempt.failed(route, policy, exc, delay=exc.delay)
-        return
-    except Exception as exc:  # noqa: BLE001 - any handler error is an outcome
-        running.duration = time.perf_counter() - started
-        attempt.failed(route, policy, exc, delay=None)
-        return
-    finally:
-        running.frame = None
-        _current.reset(context_token)
-    running.duration = time.perf_counter() - started
+    return info
 
+
+def _conclude(
+    attempt: _Attempt,
+    policy: RetryPolicy,
+    result: object,
+    timed_out: bool,
+    timeout: float | None,
+) -> None:
+    """Turn a handler that returned, timed out or was stopped into its outcome."""
+    running, route = attempt.running, attempt.route
     if running.lease_scope.cancelled_caught:
         if running.lost:
             logger.warning(
@@ -445,22 +511,19 @@ async def _run(
             # Our own lease deadline passed without a renewal: we may still
             # hold the task, so count a failed attempt (refused if recovered).
             stalled = TimeoutError("the lease could not be renewed in time")
-            attempt.failed(route, policy, stalled, delay=0.0)
+            attempt.failed(policy, stalled, delay=0.0)
     elif timed_out:
         late = TimeoutError(f"the attempt exceeded its timeout of {timeout}s")
-        attempt.failed(route, policy, late, delay=None)
+        attempt.failed(policy, late, delay=None)
     elif route.options.store_result:
         try:
             encoded = encode_payload(result)
         except EncodeFailure as exc:
-            logger.error(
+            attempt.reject(
                 "result of %s cannot be stored: %s; dead-lettered",
-                attempt.about(),
                 exc,
-                extra=attempt.extra(),
-            )
-            attempt.dead(
-                f"UnencodableResult: {exc}", halt=route.options.on_dead == "halt"
+                reason=f"UnencodableResult: {exc}",
+                halt=route.options.on_dead == "halt",
             )
         else:
             _succeeded(attempt, running.duration)
@@ -470,7 +533,7 @@ async def _run(
         attempt.outcome("ok")
 
 
-def _succeeded(attempt: _Attempt, duration: float) -> None:
+def _succeeded(attempt: _Attempt, duration: float | None) -> None:
     if logger.isEnabledFor(logging.DEBUG):
         logger.debug(
             "%s succeeded in %.3fs", attempt.about(), duration, extra=attempt.extra()

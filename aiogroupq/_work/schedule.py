@@ -27,6 +27,7 @@ from .._store.codec import EncodeFailure, encode_payload, pack
 from .._store.connection import REDIS_FAILURES, node_of
 from .._store.defaults import DEFAULT_DEDUP_WINDOW, DEFAULT_MAX_ATTEMPTS
 from .._store.partition import Partitions, in_partition
+from .._store.replies import GroupCorruptRefusal, GroupFullRefusal
 from ..errors import AiogroupqError, ConfigurationError, UnencodablePayloadError
 from ..task import Envelope, new_task_id
 
@@ -512,7 +513,7 @@ class Scheduler:
             ids = await _routing.send(
                 client, self._parts, tasks, dedup_window_ms=self._dedup_window_ms
             )
-        except (_scripts.GroupFullRefusal, _scripts.GroupCorruptRefusal) as refusal:
+        except (GroupFullRefusal, GroupCorruptRefusal) as refusal:
             # Not worth retrying each tick: log and let the next tick try.
             logger.error(
                 "schedule %r: ticks %s not enqueued: group %r %s",
@@ -520,7 +521,7 @@ class Scheduler:
                 ", ".join(map(_show, ticks)),
                 schedule.group,
                 "is at its max_size"
-                if isinstance(refusal, _scripts.GroupFullRefusal)
+                if isinstance(refusal, GroupFullRefusal)
                 else "has a damaged key (run 'aiogroupq check')",
             )
             return

@@ -17,7 +17,7 @@ See docs/testing.md.
 
 from __future__ import annotations
 
-from ._drain import TaskOutcome as TaskOutcome, drain as drain
+from ._drain import drain as drain
 from ._errors import (
     DrainTimeoutError as DrainTimeoutError,
     GroupOrderError as GroupOrderError,
@@ -30,6 +30,7 @@ from ._journal import (
     JournalEntry as JournalEntry,
     assert_group_order as assert_group_order,
 )
+from ._outcome import TaskOutcome as TaskOutcome
 from ._server import (
     ServerProcess as ServerProcess,
     ServerStartError as ServerStartError,

@@ -17,38 +17,13 @@ from .._work.handlers import Handler, HandlerFunc, build_routes
 from ..consumer import Consumer
 from ..task import DeadLetter, TaskState, current_task
 from ._errors import DrainTimeoutError
+from ._outcome import TaskOutcome
 from ._wrap import wrap_handler
 
 if TYPE_CHECKING:
     from .._store.keys import QueueKeys
 
 _TERMINAL: Final = frozenset({TaskState.SUCCEEDED, TaskState.DEAD, TaskState.CANCELLED})
-
-
-@dataclass(frozen=True, slots=True)
-class TaskOutcome:
-    """What became of one task that :func:`drain` touched.
-
-    :ivar id: the task id
-    :ivar type: its task type
-    :ivar group: its group, or ``None``
-    :ivar state: its state in Redis when the drain ended (``None``: gone)
-    :ivar attempts: the highest attempt number its handler ran with (for a
-        task dead-lettered before its handler ran: the attempts counted)
-    :ivar result: what the handler returned on its last run
-    :ivar error: the exception its handler raised on its last run (an
-        :class:`aiogroupq.Retry` included), or ``None``
-    :ivar reason: the dead-letter reason, for a dead task
-    """
-
-    id: str
-    type: str
-    group: str | None
-    state: TaskState | None
-    attempts: int
-    result: Any = None
-    error: BaseException | None = None
-    reason: str | None = None
 
 
 @dataclass(slots=True)
@@ -182,22 +157,33 @@ async def drain(
             grace_period=grace_period,
             on_dead=dead,
         )
-        deadline = anyio.current_time() + timeout
         async with consumer:
-            while True:
-                await _layout.refresh(client, parts)
-                backlog = await _backlog(client, parts, recorder.unsettled)
-                recorder.settle(backlog.states)
-                if backlog.idle(wait_delayed=wait_delayed) and not recorder.unsettled:
-                    break
-                if anyio.current_time() >= deadline:
-                    raise DrainTimeoutError(
-                        timeout,
-                        backlog.describe(len(recorder.unsettled)),
-                        recorder.outcomes(),
-                    )
-                await anyio.sleep(poll_interval)
+            await _until_idle(
+                client, parts, recorder, timeout, wait_delayed, poll_interval
+            )
     return recorder.outcomes()
+
+
+async def _until_idle(
+    client: Client,
+    parts: Partitions,
+    recorder: _Recorder,
+    timeout: float,
+    wait_delayed: bool,
+    poll_interval: float,
+) -> None:
+    deadline = anyio.current_time() + timeout
+    while True:
+        await _layout.refresh(client, parts)
+        backlog = await _backlog(client, parts, recorder.unsettled)
+        recorder.settle(backlog.states)
+        if backlog.idle(wait_delayed=wait_delayed) and not recorder.unsettled:
+            return
+        if anyio.current_time() >= deadline:
+            raise DrainTimeoutError(
+                timeout, backlog.describe(len(recorder.unsettled)), recorder.outcomes()
+            )
+        await anyio.sleep(poll_interval)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from ..errors import AiogroupqError
 
 if TYPE_CHECKING:
-    from ._drain import TaskOutcome
+    from ._outcome import TaskOutcome
 
 
 class PayloadDecodeError(AiogroupqError, ValueError):

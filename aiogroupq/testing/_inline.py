@@ -12,7 +12,7 @@ import msgspec
 
 from .._store import validate as _validate
 from .._store.codec import EncodeFailure, encode_payload
-from .._work.handlers import Handler, HandlerFunc, build_routes
+from .._work.handlers import Handler, HandlerFunc, Route, build_routes
 from ..errors import InvalidTaskError, UnencodablePayloadError
 from ..task import TaskInfo, _current
 from ._errors import PayloadDecodeError, ResultEncodeError
@@ -70,19 +70,7 @@ async def run_inline(
     _validate.max_attempts(max_attempts)
     if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1:
         raise InvalidTaskError("attempt", f"{attempt!r} must be an int >= 1")
-    try:
-        encoded = encode_payload(payload)
-    except EncodeFailure as exc:
-        raise UnencodablePayloadError(payload, str(exc)) from exc
-    try:
-        decoded = route.decoder.decode(encoded)
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        # The consumer's dead-letter reason, word for word (see _work/runner.py).
-        reason = (
-            f"InvalidPayload: payload does not decode into "
-            f"{route.describe_type()}: {exc}"
-        )
-        raise PayloadDecodeError(payload, reason) from exc
+    decoded = _through_redis(route, payload)
     if limit is None:
         limit = route.options.timeout
     info = TaskInfo(
@@ -111,3 +99,21 @@ async def run_inline(
         except EncodeFailure as exc:
             raise ResultEncodeError(result, f"UnencodableResult: {exc}") from exc
     return result
+
+
+def _through_redis(route: Route, payload: Any) -> Any:
+    """*payload* as the handler would receive it: encoded as a producer
+    encodes it, decoded with the consumer's decoder for the handler."""
+    try:
+        encoded = encode_payload(payload)
+    except EncodeFailure as exc:
+        raise UnencodablePayloadError(payload, str(exc)) from exc
+    try:
+        return route.decoder.decode(encoded)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        # The consumer's dead-letter reason, word for word (see _work/runner.py).
+        reason = (
+            f"InvalidPayload: payload does not decode into "
+            f"{route.describe_type()}: {exc}"
+        )
+        raise PayloadDecodeError(payload, reason) from exc

@@ -1,11 +1,15 @@
-"""A journal of handler runs in this process, and the group-order check."""
+"""A journal of handler runs in this process, and the group-order check.
+
+:class:`GroupWatch` is the one group-order checker of the project: the public
+:func:`assert_group_order`, the ``aiogroupq demo`` verification and the test
+suite's journals all judge their events with it.
+"""
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from ..task import current_task
 from ._errors import GroupOrderError
@@ -13,6 +17,9 @@ from ._wrap import wrap_handler
 
 if TYPE_CHECKING:
     from .._work.handlers import Handler, HandlerFunc
+
+K = TypeVar("K", bound=Hashable)
+R = TypeVar("R")
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +119,77 @@ class _Hooks:
         self.journal.record("end", ok=error is None)
 
 
+@dataclass(frozen=True, slots=True)
+class Reached(Generic[R]):
+    """The furthest a group's starts have got in its enqueue order.
+
+    :ivar position: the furthest position that started
+    :ivar run: the latest run that started it
+    """
+
+    position: int
+    run: R
+
+
+class GroupWatch(Generic[K, R]):
+    """The group invariants, followed event by event along a journal.
+
+    Every journal checker (:func:`assert_group_order`, the ``aiogroupq demo``
+    verification, and those of the project's own tests) walks its events
+    through one of these, in the order they happened, and decides what each
+    finding means for its journal:
+
+    - at a start, :meth:`open` returns the runs of its group that are still
+      open: a group runs one task at a time, so any of them is an overlap;
+    - :meth:`place` returns how far the group's starts had got in enqueue
+      order: a start behind that is out of order (a task never starts after
+      a later task of its group has started; a retry of the furthest task is
+      in order);
+    - at an end, :meth:`close` closes the run it ends.
+
+    A run is known by a key of the caller's choosing, whatever its end event
+    carries (a task id; a task, attempt and process). One run per key is
+    open at a time: a start of a key that is open replaces its run (having
+    been told of the overlap), and an end closes its key's run. Ungrouped
+    runs (group ``None``) are followed too, for the caller's concurrency
+    figures, but have no order.
+    """
+
+    def __init__(self) -> None:
+        self._open: dict[str | None, dict[K, R]] = {}
+        self._reached: dict[str, Reached[R]] = {}
+        #: how many runs are open, of every group and ungrouped
+        self.open_count = 0
+
+    def open(self, group: str | None, key: K, run: R) -> list[R]:
+        """Note the start of *run*; return the runs of *group* (``None``:
+        the ungrouped ones) that were open when it started."""
+        runs = self._open.setdefault(group, {})
+        others = list(runs.values())
+        if key not in runs:
+            self.open_count += 1
+        runs[key] = run
+        return others
+
+    def close(self, group: str | None, key: K) -> R | None:
+        """Note an end: close the open run of *group* under *key* and return
+        it (``None``: none is open, an end that the journal cannot place)."""
+        run = self._open.get(group, {}).pop(key, None)
+        if run is not None:
+            self.open_count -= 1
+        return run
+
+    def place(self, group: str, position: int, run: R) -> Reached[R] | None:
+        """Note that *run* started the task at *position* of *group*'s
+        enqueue order; return how far the group's starts had got before it
+        (``None``: this is the group's first start). The start is out of
+        order if *position* is below the returned one."""
+        reached = self._reached.get(group)
+        if reached is None or position >= reached.position:
+            self._reached[group] = Reached(position, run)
+        return reached
+
+
 def group_order_problems(
     entries: Sequence[JournalEntry], enqueued: Iterable[str]
 ) -> list[str]:
@@ -125,36 +203,31 @@ def group_order_problems(
     """
     position = {task_id: at for at, task_id in enumerate(enqueued)}
     problems: list[str] = []
-    latest: dict[str, JournalEntry] = {}  # the group's latest start
-    running: defaultdict[str, dict[str, JournalEntry]] = defaultdict(dict)
+    watch: GroupWatch[str, JournalEntry] = GroupWatch()
     for entry in sorted(entries, key=lambda e: e.seq):
         group = entry.group
         if group is None:
             continue
         if entry.event == "end":
-            running[group].pop(entry.task_id, None)
+            watch.close(group, entry.task_id)
             continue
         where = f"group {group!r}: task {entry.task_id!r} (attempt {entry.attempt})"
-        if entry.task_id not in position:
+        at = position.get(entry.task_id)
+        if at is None:
             problems.append(f"{where} started but is not among the enqueued ids")
             continue
         problems.extend(
             f"{where} started at event {entry.seq} while task "
             f"{other.task_id!r}, started at event {other.seq}, was still running"
-            for other in running[group].values()
+            for other in watch.open(group, entry.task_id, entry)
         )
-        previous = latest.get(group)
-        if previous is not None and position[entry.task_id] < position.get(
-            previous.task_id, -1
-        ):
+        reached = watch.place(group, at, entry)
+        if reached is not None and at < reached.position:
             problems.append(
-                f"{where}, enqueued #{position[entry.task_id]}, started at event "
-                f"{entry.seq} after task {previous.task_id!r}, enqueued "
-                f"#{position[previous.task_id]}, had started at event {previous.seq}"
+                f"{where}, enqueued #{at}, started at event {entry.seq} after "
+                f"task {reached.run.task_id!r}, enqueued #{reached.position}, "
+                f"had started at event {reached.run.seq}"
             )
-        if previous is None or position[entry.task_id] >= position[previous.task_id]:
-            latest[group] = entry
-        running[group][entry.task_id] = entry
     return problems
 
 

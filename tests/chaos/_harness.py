@@ -8,7 +8,7 @@ rate; the fault methods (:meth:`kill`, :meth:`stall`, :meth:`terminate`,
 :meth:`restart_redis`, :meth:`drop`, :meth:`flush_scripts`) inject one fault
 each and journal it; :meth:`Cluster.settle` waits until every task is
 terminal, stops the consumers gracefully and judges the journal
-(:func:`._oracle.judge`) and the queue's keys (``aiogroupq._inspect.check.check``).
+(:func:`._oracle.judge`) and the queue's keys (``aiogroupq._inspect.check.examine``).
 """
 
 from __future__ import annotations
@@ -615,11 +615,11 @@ class Cluster:
             )
         )
         verdict = _oracle.judge(lines, self.specs, finals)
-        from aiogroupq._inspect.check import check
+        from aiogroupq._inspect.check import examine
 
         problems = [
             f"{p.kind} {p.task_id} {p.group}: {p.detail}"
-            for p in await check(self.client, QueueKeys(QUEUE))
+            for p in (await examine(self.client, QueueKeys(QUEUE))).problems
         ]
         return Result(
             fault,

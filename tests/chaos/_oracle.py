@@ -52,6 +52,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
+from aiogroupq.testing._journal import GroupWatch
+
 RUN_KINDS: Final = frozenset({"S", "E", "F", "C"})
 END_KINDS: Final = frozenset({"E", "F", "C"})
 INF: Final = 1 << 62
@@ -396,34 +398,18 @@ def judge(
         else:
             success[spec.task_id] = applied
 
-    # -- group exclusion ------------------------------------------------------
+    # -- group exclusion and order --------------------------------------------
     by_group: dict[str, list[Run]] = defaultdict(list)
     for run in sorted(runs.values(), key=lambda r: r.start.clock):
         if run.group is not None:
             by_group[run.group].append(run)
-    fenced: set[str] = set()  # fenced overlaps count each overlapped run once
-    for group_runs in by_group.values():
-        active: list[Run] = []
-        for b in group_runs:
-            active = [a for a in active if a.end_clock > b.start.clock]
-            for a in active:
-                _classify_overlap(a, b, w, v, fenced)
-            active.append(b)
-
-    # -- order ----------------------------------------------------------------
+    _group_rules(by_group, w, v)
+    # A task first starts after the run that made its predecessor succeed ended.
     tasks_of: dict[str, list[Spec]] = defaultdict(list)
     for spec in specs.values():
         if spec.group is not None:
             tasks_of[spec.group].append(spec)
-    for group, group_runs in by_group.items():
-        highest: Run | None = None
-        for run in group_runs:
-            if not run.start.fresh:
-                continue
-            if highest is not None and run.gseq < highest.gseq:
-                v.order.append(f"{run.describe()} started after {highest.describe()}")
-            if highest is None or run.gseq > highest.gseq:
-                highest = run
+    for group in by_group:
         ordered = sorted(tasks_of[group], key=lambda s: s.gseq)
         for before, after in itertools.pairwise(ordered):
             done = success.get(before.task_id)
@@ -553,6 +539,32 @@ def judge(
                 elif run.completed or run.end_kind == "F":
                     v.finished_in_grace += 1
     return v
+
+
+def _group_rules(by_group: Mapping[str, list[Run]], w: _Windows, v: Verdict) -> None:
+    """Exclusion and order within each group, followed with the library's
+    group-order checker along the runs' starts and ends (a run ends at its
+    first end line, or at the kill of its process). A stale start takes part
+    in exclusion (its overlaps are fenced), not in order."""
+    fenced: set[str] = set()  # fenced overlaps count each overlapped run once
+    watch: GroupWatch[str, Run] = GroupWatch()
+    for group, group_runs in by_group.items():
+        timeline = [(r.start.clock, True, r) for r in group_runs]
+        timeline += [(r.end_clock, False, r) for r in group_runs if r.end_clock < INF]
+        timeline.sort(key=lambda t: t[0])
+        for _, starts, run in timeline:
+            if not starts:
+                watch.close(group, run.token)
+                continue
+            for earlier in watch.open(group, run.token, run):
+                _classify_overlap(earlier, run, w, v, fenced)
+            if not run.start.fresh:
+                continue
+            reached = watch.place(group, run.gseq, run)
+            if reached is not None and run.gseq < reached.position:
+                v.order.append(
+                    f"{run.describe()} started after {reached.run.describe()}"
+                )
 
 
 def _classify_overlap(

@@ -36,12 +36,18 @@ async def result_types(producer: aiogroupq.Producer, task_id: str) -> None:
     assert_type(await producer.result(task_id, result_type=int | None), Any)
 
 
-async def other_public_types(producer: aiogroupq.Producer, task_id: str) -> None:
+async def other_public_types(
+    producer: aiogroupq.Producer, admin: aiogroupq.Admin, task_id: str
+) -> None:
     assert_type(await producer.enqueue("t", {"a": 1}, group="g"), str)
     assert_type(await producer.enqueue_many([aiogroupq.Task("t")]), list[str])
     assert_type(await producer.status(task_id), aiogroupq.TaskState | None)
+    assert_type(await producer.status_many([task_id]), list[aiogroupq.TaskState | None])
     assert_type(await producer.cancel(task_id), bool)
-    assert_type(await producer.dead_letters(), list[aiogroupq.DeadLetter])
+    assert_type(await admin.dead_letters(), list[aiogroupq.DeadLetter])
+    assert_type(await admin.requeue_dead(task_id), int)
+    assert_type(await admin.purge_dead(all=True), int)
+    assert_type(await admin.release_group("g"), bool)
     assert_type(aiogroupq.current_task(), aiogroupq.TaskInfo)
     assert_type(
         await aiogroupq.check_queue("redis://localhost", producer.queue),

@@ -1,10 +1,21 @@
 --[[ base.lua: what every script shares (included first, never run alone).
-  KEYS[1]  {aiogroupq:<q>}:ready     LIST runnable task ids, next first
-  KEYS[2]  {aiogroupq:<q>}:delayed   ZSET id -> due time (server ms)
-  KEYS[3]  {aiogroupq:<q>}:leases    ZSET id -> lease deadline (server ms)
-  KEYS[4]  {aiogroupq:<q>}:wake      LIST wake tokens that blocked fetchers BLPOP
-  KEYS[5]  {aiogroupq:<q>}:fence     STRING counter of fencing tokens
-  KEYS[6]  {aiogroupq:<q>}:dead      ZSET id -> time dead-lettered (server ms)
+  KEYS     first the queue's fixed keys the script declares, in the order
+           its Script in _store/scripts.py names them, each bound to a local
+           K_<NAME> ahead of the script's source; then the keys of its call
+           (a consumer's recovery key, a task's hash, ...). Fixed keys, any
+           of:
+             {aiogroupq:<q>}:ready      LIST runnable task ids, next first
+             {aiogroupq:<q>}:delayed    ZSET id -> due time (server ms)
+             {aiogroupq:<q>}:leases     ZSET id -> lease deadline (server ms)
+             {aiogroupq:<q>}:wake       LIST wake tokens that blocked fetchers BLPOP
+             {aiogroupq:<q>}:fence      STRING counter of fencing tokens
+             {aiogroupq:<q>}:dead       ZSET id -> time dead-lettered (server ms)
+             {aiogroupq:<q>}:consumers  ZSET consumer name -> when it counts
+                                        as gone (last heartbeat + its lease)
+           A script reads exactly the fixed keys it declares, its helpers'
+           ones included: a lib naming a K_<NAME> is included only by
+           scripts that declare it (_store/lua.py refuses any other script
+           at import).
   ARGV[1]  key prefix "{aiogroupq:<q>}:"
 
   Every other key is built from the prefix, so it shares the hash tag and
@@ -22,8 +33,6 @@
   or a group's keys with redis.pcall reads. A damaged key is answered with
   an error before anything is written, or harms only its own task or group.
 ]]
-local K_READY, K_DELAYED, K_LEASES, K_WAKE, K_FENCE, K_DEAD =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local PREFIX = ARGV[1]
 local K_CONF = PREFIX .. 'conf'       -- HASH the queue's settings
 local K_STATS = PREFIX .. 'stats'     -- HASH counters (see bump)
@@ -69,10 +78,24 @@ local function wrong_type(reply)
   error(reply)
 end
 
--- The reply for a damaged key found before any write; _store/scripts.py turns it
--- into CorruptQueueError.
+-- The reply for a damaged key found before any write; _store/replies.py turns
+-- it into CorruptQueueError.
 local function corrupt(key, why)
   return redis.error_reply('ERR aiogroupq corrupt ' .. key .. ': ' .. tostring(why))
+end
+
+-- A member's score in a sorted set, false if absent or the key is damaged.
+local function score(key, member)
+  local s = redis.pcall('ZSCORE', key, member)
+  if type(s) ~= 'string' then return false end
+  return tonumber(s) or false
+end
+
+-- A task's field, false if absent or its hash is damaged.
+local function task_field(id, field)
+  local v = redis.pcall('HGET', k_task(id), field)
+  if type(v) ~= 'string' then return false end
+  return v
 end
 
 -- Read a key with a command of its expected type.

@@ -1,23 +1,15 @@
 --[[ inspect.lua: read-only views of a queue for the introspection scripts
-  (stats, group_info, groups, consumers, task_info). Nothing here writes,
-  so those scripts carry the no-writes flag and may run on a replica.
-  KEYS[7]    {aiogroupq:<q>}:consumers   ZSET consumer name -> when it counts
-             as gone (its last heartbeat + its lease, server ms)
-  cinfo:<c>  HASH a consumer's registration (written by heartbeat.lua): host,
-             pid, hb last heartbeat, ttl lease ms, st first seen, n tasks in
-             flight, c concurrency, and its counters
+  (stats, group_info). Nothing here writes, so those scripts carry the
+  no-writes flag and may run on a replica. They declare the fixed keys
+  ready, delayed, leases, dead and consumers, which check_views() reads.
   Times are returned as server ms, counts as integers, and a missing value
   as false (a nil reply), so that arrays keep their length.
 ]]
 --- @include "base"
---- @include "ready"
---- @include "groups"
+--- @include "slots"
 
-local K_CONSUMERS = KEYS[7]
 local HOLDER_DETAIL = 100 -- slot holders described per group (all are counted)
 local REASON_CHARS = 300  -- of a halting task's reason
-
-local function k_cinfo(c) return PREFIX .. 'cinfo:' .. c end
 
 -- The fixed keys the views read, checked once: a damaged one is reported
 -- as CorruptQueueError rather than failing half-way.
@@ -25,37 +17,6 @@ local function check_views()
   return preflight({ K_CONF, 'hash', K_STATS, 'hash', K_READY, 'list', K_PREADY, 'zset',
     K_DELAYED, 'zset', K_LEASES, 'zset', K_DEAD, 'zset', K_BACKLOG, 'zset',
     K_WAITING, 'zset', K_HALTED, 'set', K_PAUSED, 'set', K_CONSUMERS, 'zset' })
-end
-
-local function score(key, member)
-  local s = redis.pcall('ZSCORE', key, member)
-  if type(s) ~= 'string' then return false end
-  return tonumber(s) or false
-end
-
--- A task's field, false if absent or its hash is damaged.
-local function task_field(id, field)
-  local v = redis.pcall('HGET', k_task(id), field)
-  if type(v) ~= 'string' then return false end
-  return v
-end
-
--- Consumers whose gone-at score lies in [lo, hi], newest first, at most
--- *limit*: {name, gone_at, host, pid, hb, ttl, st, n, c, counters...} each.
-local CONSUMER_FIELDS = { 'host', 'pid', 'hb', 'ttl', 'st', 'n', 'c', 'claimed',
-  'succeeded', 'retried', 'dead', 'cancelled', 'handed_back', 'lease_lost' }
-local function consumer_rows(lo, hi, limit)
-  local rows = {}
-  local found = redis.call('ZREVRANGEBYSCORE', K_CONSUMERS, hi, lo, 'WITHSCORES', 'LIMIT', 0, limit)
-  for i = 1, #found, 2 do
-    local f = redis.pcall('HMGET', k_cinfo(found[i]), unpack(CONSUMER_FIELDS))
-    if not wrong_type(f) and f[3] then -- else expired: pruned by a heartbeat soon
-      local row = { found[i], tonumber(found[i + 1]) }
-      for j = 1, #CONSUMER_FIELDS do row[#row + 1] = f[j] or false end
-      rows[#rows + 1] = row
-    end
-  end
-  return rows
 end
 
 -- One group as seen now: its counts and settings, the task its line starts

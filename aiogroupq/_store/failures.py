@@ -1,0 +1,110 @@
+"""What a Redis failure stands for among aiogroupq's errors, and which
+failures no re-send can mend.
+
+redis-py raises its own exceptions (and the socket's); a public method
+raises :mod:`aiogroupq.errors` ones instead: a failure that outlived the
+client's retries or its budget becomes
+:class:`~aiogroupq.RedisUnavailableError`, refused credentials
+:class:`~aiogroupq.AuthenticationError`, and so on
+(:func:`as_aiogroupq_error`). What a script answers is
+``_store/replies.py``'s.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from typing import Final, ParamSpec, TypeVar
+
+import redis.exceptions as rexc
+
+from ..errors import (
+    AiogroupqError,
+    AuthenticationError,
+    ConfigurationError,
+    PermissionDeniedError,
+    RedisUnavailableError,
+)
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+#: what redis-py counts as a ConnectionError and retries, though waiting does
+#: not make a password right: never re-sent
+NOT_TRANSIENT: Final[tuple[type[Exception], ...]] = tuple(
+    cls
+    for cls in (
+        rexc.AuthenticationError,
+        getattr(rexc, "AuthorizationError", None),
+        getattr(rexc, "ExternalAuthProviderError", None),
+    )
+    if isinstance(cls, type)
+)
+_AUTH_ERRORS: Final = (*NOT_TRANSIENT, rexc.AuthenticationWrongNumberOfArgsError)
+
+
+def as_aiogroupq_error(exc: BaseException) -> AiogroupqError | None:
+    """The aiogroupq error a Redis failure stands for, or None if it is
+    not one we know (or already ours)."""
+    if isinstance(exc, AiogroupqError):
+        return None
+    if isinstance(exc, _AUTH_ERRORS):
+        detail = str(exc) or type(exc).__name__
+        if "already authenticated" in detail or "required" in detail:
+            # NOAUTH, which redis-py's handshake can phrase confusingly
+            detail = "the server needs a password and none was given"
+        return AuthenticationError(detail)
+    if isinstance(exc, rexc.NoPermissionError):
+        return PermissionDeniedError(str(exc))
+    if isinstance(exc, rexc.ResponseError) and "DB index" in str(exc):
+        return ConfigurationError(
+            f"Redis refused the database number in the URL ({exc}): use one "
+            "below the server's 'databases' setting (16 by default)"
+        )
+    if isinstance(exc, rexc.MovedError | rexc.AskError) or (
+        isinstance(exc, rexc.ResponseError) and str(exc).startswith("MOVED ")
+    ):
+        return ConfigurationError(NOT_A_CLUSTER_CLIENT)
+    if isinstance(exc, rexc.RedisClusterException | rexc.ClusterError):
+        return RedisUnavailableError(str(exc) or type(exc).__name__)
+    # Not OSError at large: the builtin TimeoutError is one, and
+    # Producer.result raises it for its own timeout.
+    if isinstance(exc, rexc.ConnectionError | rexc.TimeoutError | ConnectionError):
+        return RedisUnavailableError(str(exc) or type(exc).__name__)
+    return None
+
+
+#: why a plain client of a cluster node is refused
+NOT_A_CLUSTER_CLIENT: Final = (
+    "the server is a node of a Redis Cluster, and a plain client cannot follow "
+    "the cluster's redirections: connect with a redis+cluster://host:port URL "
+    "or pass a redis.asyncio.cluster.RedisCluster client"
+)
+
+
+@contextmanager
+def translated_errors() -> Iterator[None]:
+    """Raise what a Redis failure stands for (see :func:`as_aiogroupq_error`)."""
+    try:
+        yield
+    except Exception as exc:
+        if (ours := as_aiogroupq_error(exc)) is None:
+            raise
+        raise ours from exc
+
+
+def unavailable_as_error(
+    method: Callable[P, Awaitable[T]],
+) -> Callable[P, Awaitable[T]]:
+    """Turn a Redis failure into its aiogroupq error: a connection failure
+    that outlived the client's retries or its budget into
+    :class:`~aiogroupq.RedisUnavailableError`, refused credentials into
+    :class:`~aiogroupq.AuthenticationError`, and so on."""
+
+    @functools.wraps(method)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        with translated_errors():
+            return await method(*args, **kwargs)
+
+    return wrapper

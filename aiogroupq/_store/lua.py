@@ -1,0 +1,274 @@
+"""A Lua script of ``_lua/`` as a :class:`Script`, run with EVALSHA (the
+scripts themselves are in ``_store/scripts.py``).
+
+Each ``_lua/<name>.lua`` names the helpers it uses with ``--- @include "x"``
+lines, resolved here from ``_lua/lib/x.lua`` (each helper once, after the
+helpers it includes itself), and is read once at import. Its first line is a
+``#!lua`` shebang: enqueue has no flags, so that under ``maxmemory`` Redis
+refuses it before it writes anything; every other script carries
+``allow-oom``, so that work already queued keeps draining. The SHA is computed
+locally, so the hot path is a single EVALSHA. A ``NOSCRIPT`` reply
+(``SCRIPT FLUSH``, a restart, a failover) means the script did not run; the
+call is then sent again as EVAL with the whole source, which cannot answer
+``NOSCRIPT`` however often the cache is flushed, and the script is loaded
+again so that later calls go back to EVALSHA.
+
+A :class:`Script` declares the queue's fixed keys it takes: its KEYS are
+those, in that order, then the keys of the call. It is refused at import if
+its source, helpers included, reads another fixed key or leaves one unread,
+so that each script's KEYS are exactly the keys it uses. An error reply that
+stands for a public error (a damaged key, Redis out of memory) is raised as
+that error (:func:`~aiogroupq._store.replies.public_error`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import re
+from collections.abc import Sequence
+from importlib.resources import files
+from typing import TYPE_CHECKING, Any, Final
+
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import AskError, NoScriptError, ResponseError, TryAgainError
+
+from .connection import REDIS_FAILURES, cluster_glitches
+from .replies import public_error
+
+if TYPE_CHECKING:
+    from redis.typing import EncodableT
+
+    from .connection import Client
+    from .keys import QueueKeys
+
+
+def _read(path: str) -> str:
+    return files("aiogroupq").joinpath("_lua", path).read_text(encoding="utf-8")
+
+
+_INCLUDE: Final = re.compile(r'^--- @include "([a-z_]+)"$', re.MULTILINE)
+
+
+def _resolve(body: str, done: set[str]) -> str:
+    """*body* with each ``--- @include "x"`` replaced by ``lib/x.lua`` (itself
+    resolved first), or by nothing when an earlier include brought it in."""
+
+    def include(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name in done:
+            return ""
+        done.add(name)
+        return _resolve(_read(f"lib/{name}.lua"), done)
+
+    return _INCLUDE.sub(include, body)
+
+
+#: the queue's keys a script may take as fixed keys (attributes of
+#: :class:`~aiogroupq._store.keys.QueueKeys`); the Lua reads each as
+#: ``K_<NAME>`` (see ``_lua/lib/base.lua``) and builds its other keys from
+#: the prefix
+FIXED_KEYS: Final = ("ready", "delayed", "leases", "wake", "fence", "dead", "consumers")
+
+_FIXED_READ: Final = re.compile(
+    r"\bK_(" + "|".join(k.upper() for k in FIXED_KEYS) + r")\b"
+)
+_COMMENT: Final = re.compile(r"--\[\[.*?\]\]|--[^\n]*", re.DOTALL)
+
+
+def _binding(names: Sequence[str]) -> str:
+    """The Lua line binding each declared fixed key to its ``K_<NAME>``."""
+    if not names:
+        return ""
+    local = ", ".join(f"K_{name.upper()}" for name in names)
+    keys = ", ".join(f"KEYS[{i}]" for i in range(1, len(names) + 1))
+    return f"local {local} = {keys}\n"
+
+
+def _check_keys(name: str, declared: Sequence[str], source: str) -> None:
+    """Refuse a script whose source, helpers included, reads a fixed key it
+    does not declare (an error once that line runs) or declares one it never
+    reads."""
+    unknown = set(declared) - set(FIXED_KEYS)
+    if unknown or len(set(declared)) != len(declared):
+        raise ValueError(f"{name}.lua: bad fixed keys {declared!r}")
+    read = {m.lower() for m in _FIXED_READ.findall(_COMMENT.sub("", source))}
+    if read != set(declared):
+        raise ValueError(
+            f"{name}.lua reads the fixed keys {sorted(read)} but declares "
+            f"{sorted(declared)}"
+        )
+
+
+class Script:
+    """A ``_lua/<name>.lua`` file with its includes, run with EVALSHA.
+
+    *keys* are the queue's fixed keys it takes (of :data:`FIXED_KEYS`), in
+    the order of its KEYS; a call's own keys follow them.
+    """
+
+    __slots__ = ("key_names", "name", "sha", "source")
+
+    def __init__(self, name: str, *, keys: Sequence[str]) -> None:
+        self.name = name
+        self.key_names = tuple(keys)
+        body = _read(f"{name}.lua")
+        # The shebang (script flags such as allow-oom) must stay the first line.
+        shebang, _, rest = (
+            body.partition("\n") if body.startswith("#!") else ("", "", body)
+        )
+        resolved = _resolve(rest, set())
+        _check_keys(name, self.key_names, resolved)
+        # The bindings come first: every helper reads the locals they make.
+        bound = _binding(self.key_names) + resolved
+        self.source = (shebang + "\n" + bound).encode()
+        self.sha = hashlib.sha1(self.source).hexdigest()
+
+    def all_keys(self, keys: QueueKeys, extra_keys: Sequence[str]) -> list[str]:
+        """The KEYS of a call: the fixed keys declared, then *extra_keys*."""
+        return [getattr(keys, name) for name in self.key_names] + list(extra_keys)
+
+    def command(
+        self,
+        keys: QueueKeys,
+        extra_keys: Sequence[str],
+        args: Sequence[EncodableT],
+    ) -> list[EncodableT]:
+        """The whole EVALSHA command of a call, for a pipeline."""
+        all_keys = self.all_keys(keys, extra_keys)
+        return ["EVALSHA", self.sha, len(all_keys), *all_keys, keys.prefix, *args]
+
+    async def __call__(
+        self,
+        client: Client,
+        keys: QueueKeys,
+        extra_keys: Sequence[str],
+        args: Sequence[EncodableT],
+    ) -> Any:
+        with _glitches(client):
+            return await self._call(client, keys, extra_keys, args)
+
+    async def _call(
+        self,
+        client: Client,
+        keys: QueueKeys,
+        extra_keys: Sequence[str],
+        args: Sequence[EncodableT],
+    ) -> Any:
+        all_keys = self.all_keys(keys, extra_keys)
+        argv = (keys.prefix, *args)
+        try:
+            try:
+                return await client.evalsha(self.sha, len(all_keys), *all_keys, *argv)
+            except NoScriptError:
+                pass
+            # Not run. Loading first and retrying EVALSHA can meet a second
+            # flush in between (SCRIPT FLUSH on a timer does it); EVAL carries
+            # the source, so it runs whatever the cache holds. The load keeps
+            # the script cached for the next calls; EVAL alone may not (newer
+            # Redis versions evict scripts that only EVAL brought in).
+            await self.load(client, keys)
+            source = self.source.decode()
+            return await client.eval(source, len(all_keys), *all_keys, *argv)
+        except ResponseError as exc:  # a refusal: nothing was written
+            if (error := public_error(exc)) is not None:
+                raise error from exc
+            raise
+
+    async def load(self, client: Client, keys: QueueKeys) -> None:
+        """``SCRIPT LOAD`` on the server of *keys*: with a cluster, the node
+        owning their slot only (a load sent to every primary would fail
+        while one of them is down; the EVAL that follows runs anyway)."""
+        if not isinstance(client, RedisCluster):
+            await client.script_load(self.source)
+            return
+        with contextlib.suppress(*REDIS_FAILURES):
+            node = _node(client, keys)
+            await client.execute_command("SCRIPT LOAD", self.source, target_nodes=node)
+
+    async def replicated(
+        self,
+        client: Client,
+        keys: QueueKeys,
+        extra_keys: Sequence[str],
+        args: Sequence[EncodableT],
+        *,
+        replicas: int,
+        timeout_ms: int,
+    ) -> tuple[Any, int]:
+        """Run the script, then ``WAIT replicas timeout_ms`` on the same
+        connection; return its reply and how many replicas acknowledged its
+        writes (and every write before them: replication is one ordered
+        stream). It is sent again only after ``NOSCRIPT`` or a cluster
+        redirection, which mean it did not run."""
+        with _glitches(client):
+            return await self._replicated(
+                client,
+                keys,
+                extra_keys,
+                args,
+                replicas=replicas,
+                timeout_ms=timeout_ms,
+            )
+
+    async def _replicated(
+        self,
+        client: Client,
+        keys: QueueKeys,
+        extra_keys: Sequence[str],
+        args: Sequence[EncodableT],
+        *,
+        replicas: int,
+        timeout_ms: int,
+    ) -> tuple[Any, int]:
+        command = self.command(keys, extra_keys, args)
+        reply: Any = None
+        for _ in range(5):
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.execute_command(*command)
+                if isinstance(client, RedisCluster):
+                    node = _node(client, keys)
+                    pipe.execute_command(
+                        "WAIT", replicas, timeout_ms, target_nodes=node
+                    )
+                    reply, acked = await pipe.execute(  # type: ignore[call-arg]
+                        raise_on_error=False, allow_redirections=False
+                    )
+                else:
+                    pipe.execute_command("WAIT", replicas, timeout_ms)
+                    reply, acked = await pipe.execute(raise_on_error=False)
+            if isinstance(reply, NoScriptError):
+                await self.load(client, keys)
+                continue
+            if isinstance(client, RedisCluster) and isinstance(
+                reply, AskError | TryAgainError
+            ):
+                # Not run: a keyed read follows the redirection, which
+                # updates the client's slot map; then send both again.
+                await client.hget(keys.conf, "parts")
+                continue
+            break
+        if (
+            isinstance(reply, ResponseError)
+            and (error := public_error(reply)) is not None
+        ):
+            raise error from reply
+        if isinstance(reply, Exception):
+            raise reply
+        if isinstance(acked, Exception):
+            raise acked
+        return reply, int(acked)
+
+
+def _node(client: RedisCluster, keys: QueueKeys) -> Any:
+    # The node of the partition's slot: its prefix holds the hash tag every
+    # key of the partition shares, whichever keys a script declares.
+    return client.get_node_from_key(keys.prefix)
+
+
+def _glitches(client: Client) -> contextlib.AbstractContextManager[None]:
+    # Only a cluster client has the failover glitch; on a plain client an
+    # AttributeError from redis-py stays what it is.
+    if isinstance(client, RedisCluster):
+        return cluster_glitches()
+    return contextlib.nullcontext()
