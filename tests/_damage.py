@@ -18,7 +18,11 @@ import anyio
 import redis.asyncio
 
 import aiogroupq
-from aiogroupq._inspect import check as _fsck
+from aiogroupq._inspect import (
+    check as _fsck,
+    problems as problem_kinds,
+    snapshot as _snapshot,
+)
 from aiogroupq._store import scripts as _scripts
 from aiogroupq._store.keys import QueueKeys
 
@@ -195,7 +199,7 @@ def wrong_type(name: str) -> Damage:
     """A fixed key of the queue replaced by one of another type."""
 
     async def damage(q: Queue) -> None:
-        await _replace(q.client, KEYS.prefix + name, _fsck.FIXED[name])
+        await _replace(q.client, KEYS.prefix + name, _snapshot.FIXED[name])
 
     return damage
 
@@ -238,127 +242,141 @@ def _register(name: str, fn: Damage, *kinds: str) -> None:
 _register(
     "ready-wrong-type",
     wrong_type("ready"),
-    _fsck.WRONG_TYPE,
-    _fsck.LOST_TASK,
+    problem_kinds.WRONG_TYPE,
+    problem_kinds.LOST_TASK,
 )
 _register(
     "delayed-wrong-type",
     wrong_type("delayed"),
-    _fsck.WRONG_TYPE,
-    _fsck.LOST_TASK,
-    _fsck.STUCK_HELD,  # g6's rate wake-up is gone
-    _fsck.BAD_COUNT,  # and so stats ratewait is off
+    problem_kinds.WRONG_TYPE,
+    problem_kinds.LOST_TASK,
+    problem_kinds.STUCK_HELD,  # g6's rate wake-up is gone
+    problem_kinds.BAD_COUNT,  # and so stats ratewait is off
 )
-_register("leases-wrong-type", wrong_type("leases"), _fsck.WRONG_TYPE, _fsck.LOST_TASK)
-_register("dead-wrong-type", wrong_type("dead"), _fsck.WRONG_TYPE, _fsck.UNINDEXED_DEAD)
-_register("fence-wrong-type", wrong_type("fence"), _fsck.WRONG_TYPE)
-_register("wake-wrong-type", wrong_type("wake"), _fsck.WRONG_TYPE)
+_register(
+    "leases-wrong-type",
+    wrong_type("leases"),
+    problem_kinds.WRONG_TYPE,
+    problem_kinds.LOST_TASK,
+)
+_register(
+    "dead-wrong-type",
+    wrong_type("dead"),
+    problem_kinds.WRONG_TYPE,
+    problem_kinds.UNINDEXED_DEAD,
+)
+_register("fence-wrong-type", wrong_type("fence"), problem_kinds.WRONG_TYPE)
+_register("wake-wrong-type", wrong_type("wake"), problem_kinds.WRONG_TYPE)
 _register(
     "conf-wrong-type",
     wrong_type("conf"),
-    _fsck.WRONG_TYPE,
-    _fsck.BAD_COUNT,  # the paused index: a group's settings count only with gc
-    _fsck.STUCK_HELD,  # g4's held heads: g4 no longer counts as paused
+    problem_kinds.WRONG_TYPE,
+    problem_kinds.BAD_COUNT,  # the paused index: a group's settings count only with gc
+    problem_kinds.STUCK_HELD,  # g4's held heads: g4 no longer counts as paused
 )
-_register("stats-wrong-type", wrong_type("stats"), _fsck.WRONG_TYPE)
-_register("backlog-wrong-type", wrong_type("backlog"), _fsck.WRONG_TYPE)
-_register("waiting-wrong-type", wrong_type("waiting"), _fsck.WRONG_TYPE)
-_register("halted-wrong-type", wrong_type("halted"), _fsck.WRONG_TYPE)
-_register("paused-wrong-type", wrong_type("paused"), _fsck.WRONG_TYPE)
+_register("stats-wrong-type", wrong_type("stats"), problem_kinds.WRONG_TYPE)
+_register("backlog-wrong-type", wrong_type("backlog"), problem_kinds.WRONG_TYPE)
+_register("waiting-wrong-type", wrong_type("waiting"), problem_kinds.WRONG_TYPE)
+_register("halted-wrong-type", wrong_type("halted"), problem_kinds.WRONG_TYPE)
+_register("paused-wrong-type", wrong_type("paused"), problem_kinds.WRONG_TYPE)
 _register(
     "group-hash-wrong-type",
     wrong_type_of(G1, "hash"),
-    _fsck.WRONG_TYPE,
-    _fsck.BAD_COUNT,  # stats groups
+    problem_kinds.WRONG_TYPE,
+    problem_kinds.BAD_COUNT,  # stats groups
 )
 _register(
     "line-wrong-type",
     wrong_type_of(KEYS.parked("g1"), "list"),
-    _fsck.WRONG_TYPE,
-    _fsck.LOST_TASK,
-    _fsck.BAD_COUNT,
+    problem_kinds.WRONG_TYPE,
+    problem_kinds.LOST_TASK,
+    problem_kinds.BAD_COUNT,
 )
 _register(
     "held-list-wrong-type",
     wrong_type_of(KEYS.held("g4"), "list"),
-    _fsck.WRONG_TYPE,
-    _fsck.LOST_TASK,
-    _fsck.BAD_COUNT,
+    problem_kinds.WRONG_TYPE,
+    problem_kinds.LOST_TASK,
+    problem_kinds.BAD_COUNT,
 )
 _register(
     "group-settings-wrong-type",
     wrong_type_of(KEYS.group_conf("g6"), "hash"),
-    _fsck.WRONG_TYPE,
+    problem_kinds.WRONG_TYPE,
 )
 _register(
     "task-hash-wrong-type",
     wrong_type_of(KEYS.task("a03"), "hash"),
-    _fsck.WRONG_TYPE,
-    _fsck.ORPHAN_ENTRY,
+    problem_kinds.WRONG_TYPE,
+    problem_kinds.ORPHAN_ENTRY,
 )
 _register(
     "running-task-hash-wrong-type",
     wrong_type_of(KEYS.task("a01"), "hash"),
-    _fsck.WRONG_TYPE,
-    _fsck.ORPHAN_ENTRY,
-    _fsck.STRAY_SLOT,
+    problem_kinds.WRONG_TYPE,
+    problem_kinds.ORPHAN_ENTRY,
+    problem_kinds.STRAY_SLOT,
 )
 _register(
     "recovery-key-wrong-type",
     wrong_type_of(KEYS.inflight("c1"), "set"),
-    _fsck.WRONG_TYPE,
-    _fsck.NOT_INFLIGHT,
+    problem_kinds.WRONG_TYPE,
+    problem_kinds.NOT_INFLIGHT,
 )
 _register(
     "unknown-keys",
     commands(("SET", P + "mystery", "1"), ("SET", P + "t:", "1")),
-    _fsck.UNKNOWN_KEY,
+    problem_kinds.UNKNOWN_KEY,
 )
 
 # -- the fence -----------------------------------------------------------------
 
 _register(
-    "fence-not-an-integer", commands(("SET", P + "fence", "twelve")), _fsck.BAD_FENCE
+    "fence-not-an-integer",
+    commands(("SET", P + "fence", "twelve")),
+    problem_kinds.BAD_FENCE,
 )
-_register("fence-below-tokens", commands(("SET", P + "fence", "1")), _fsck.BAD_FENCE)
-_register("fence-missing", commands(("DEL", P + "fence")), _fsck.BAD_FENCE)
+_register(
+    "fence-below-tokens", commands(("SET", P + "fence", "1")), problem_kinds.BAD_FENCE
+)
+_register("fence-missing", commands(("DEL", P + "fence")), problem_kinds.BAD_FENCE)
 
 # -- damaged task hashes -------------------------------------------------------
 
 _register(
     "envelope-undecodable",
     commands(("HSET", KEYS.task("a03"), "e", b"\xc1junk")),
-    _fsck.BAD_ENVELOPE,
+    problem_kinds.BAD_ENVELOPE,
 )
 _register(
     "envelope-out-of-range",
     commands(("HSET", KEYS.task("u01"), "e", b"\x97\xa3u01\xa1t\xc0\xc0\x00\xc0\x00")),
-    _fsck.BAD_ENVELOPE,
+    problem_kinds.BAD_ENVELOPE,
 )
 _register(
     "envelope-oversized",
     commands(("HSET", KEYS.task("b02"), "e", b"\xc4" + b"x" * 600_000)),
-    _fsck.OVERSIZED,
+    problem_kinds.OVERSIZED,
 )
 _register(
     "head-missing-fields",
     commands(("HDEL", KEYS.task("q02"), "m")),
-    _fsck.BAD_TASK,
+    problem_kinds.BAD_TASK,
 )
 _register(
     "running-missing-token",
     commands(("HDEL", KEYS.task("a01"), "k")),
-    _fsck.BAD_TASK,
+    problem_kinds.BAD_TASK,
 )
 _register(
     "unknown-state",
     commands(("HSET", KEYS.task("a02"), "s", "sleeping")),
-    _fsck.BAD_TASK,
+    problem_kinds.BAD_TASK,
 )
 _register(
     "empty-group-field",
     commands(("HSET", KEYS.task("s01"), "g", "")),
-    _fsck.BAD_TASK,
+    problem_kinds.BAD_TASK,
 )
 
 # -- places: lost, doubled, misplaced, orphaned entries ------------------------
@@ -366,12 +384,12 @@ _register(
 _register(
     "lost-ungrouped",
     commands(("LREM", P + "ready", 0, "u02")),
-    _fsck.LOST_TASK,
+    problem_kinds.LOST_TASK,
 )
 _register(
     "lost-head",
     commands(("LREM", P + "ready", 0, "q02")),
-    _fsck.LOST_TASK,
+    problem_kinds.LOST_TASK,
 )
 _register(
     "lost-in-line",
@@ -379,73 +397,73 @@ _register(
         ("LREM", KEYS.parked("g1"), 0, "a03"),
         ("LREM", KEYS.parked("g1"), 0, "a02"),
     ),
-    _fsck.LOST_TASK,
-    _fsck.BAD_COUNT,
+    problem_kinds.LOST_TASK,
+    problem_kinds.BAD_COUNT,
 )
 _register(
     "lost-running",
     commands(("ZREM", P + "leases", "c02")),
-    _fsck.LOST_TASK,
+    problem_kinds.LOST_TASK,
 )
 _register(
     "lost-delayed",
     commands(("ZREM", P + "delayed", "q09"), ("ZREM", P + "delayed", "b01")),
-    _fsck.LOST_TASK,
+    problem_kinds.LOST_TASK,
 )
 _register(
     "lost-held",
     commands(("LREM", KEYS.held("g4"), 0, "d01")),
-    _fsck.LOST_TASK,
-    _fsck.BAD_COUNT,
+    problem_kinds.LOST_TASK,
+    problem_kinds.BAD_COUNT,
 )
 _register(
     "twice-in-ready",
     commands(("RPUSH", P + "ready", "u01")),
-    _fsck.DUPLICATE,
+    problem_kinds.DUPLICATE,
 )
 _register(
     "line-task-also-ready",
     commands(("RPUSH", P + "ready", "a04")),
-    _fsck.DUPLICATE,
-    _fsck.UNMARKED_HEAD,
+    problem_kinds.DUPLICATE,
+    problem_kinds.UNMARKED_HEAD,
 )
 _register(
     "line-entry-copied-to-its-front",
     commands(("LPUSH", KEYS.parked("g1"), "a04")),
-    _fsck.DUPLICATE,
-    _fsck.BAD_COUNT,
+    problem_kinds.DUPLICATE,
+    problem_kinds.BAD_COUNT,
 )
 _register(
     "delayed-task-also-in-line",
     commands(("RPUSH", KEYS.parked("g7"), "q09")),
-    _fsck.DUPLICATE,
-    _fsck.BAD_COUNT,
+    problem_kinds.DUPLICATE,
+    problem_kinds.BAD_COUNT,
 )
 _register(
     "ended-task-in-ready",
     commands(("RPUSH", P + "ready", "s01")),
-    _fsck.MISPLACED,
+    problem_kinds.MISPLACED,
 )
 _register(
     "dead-task-in-line",
     commands(("LPUSH", KEYS.parked("g2"), "z01")),
-    _fsck.MISPLACED,
-    _fsck.BAD_COUNT,
+    problem_kinds.MISPLACED,
+    problem_kinds.BAD_COUNT,
 )
 _register(
     "running-task-in-delayed",
     commands(("ZREM", P + "leases", "u03"), ("ZADD", P + "delayed", 0, "u03")),
-    _fsck.MISPLACED,
+    problem_kinds.MISPLACED,
 )
 _register(
     "queued-task-in-dead-index",
     commands(("ZADD", P + "dead", 1, "u02")),
-    _fsck.MISPLACED,
+    problem_kinds.MISPLACED,
 )
 _register(
     "recovery-key-of-another-consumer",
     commands(("SADD", KEYS.inflight("c2"), "a01")),
-    _fsck.MISPLACED,
+    problem_kinds.MISPLACED,
 )
 _register(
     "orphan-entries",
@@ -459,18 +477,18 @@ _register(
         ("ZADD", P + "dead", 5, "ghost7"),
         ("RPUSH", P + "ready", b"\x00\xff"),
     ),
-    _fsck.ORPHAN_ENTRY,
-    _fsck.BAD_COUNT,
+    problem_kinds.ORPHAN_ENTRY,
+    problem_kinds.BAD_COUNT,
 )
 _register(
     "not-in-recovery-key",
     commands(("SREM", KEYS.inflight("c1"), "a01")),
-    _fsck.NOT_INFLIGHT,
+    problem_kinds.NOT_INFLIGHT,
 )
 _register(
     "dead-not-indexed",
     commands(("ZREM", P + "dead", "z01")),
-    _fsck.UNINDEXED_DEAD,
+    problem_kinds.UNINDEXED_DEAD,
 )
 
 # -- groups ---------------------------------------------------------------------
@@ -478,67 +496,67 @@ _register(
 _register(
     "group-hash-deleted",
     commands(("DEL", G1)),
-    _fsck.SLOT_MISMATCH,
-    _fsck.STUCK_PARK,
-    _fsck.BAD_COUNT,
+    problem_kinds.SLOT_MISMATCH,
+    problem_kinds.STUCK_PARK,
+    problem_kinds.BAD_COUNT,
 )
 _register(
     "stray-mark",
     commands(("HSET", G1, "h:zz9", "@"), ("HINCRBY", G1, "k", 1)),
-    _fsck.STRAY_SLOT,
+    problem_kinds.STRAY_SLOT,
 )
 _register(
     "stray-mark-holds-the-slot",
     commands(("HDEL", G7, "h:q02"), ("HSET", G7, "h:zz9", "@")),
-    _fsck.STRAY_SLOT,
-    _fsck.UNMARKED_HEAD,
+    problem_kinds.STRAY_SLOT,
+    problem_kinds.UNMARKED_HEAD,
 )
 _register(
     "unmarked-head",
     commands(("HDEL", G7, "h:q02"), ("HINCRBY", G7, "k", -1)),
-    _fsck.UNMARKED_HEAD,
+    problem_kinds.UNMARKED_HEAD,
 )
 _register(
     "unmarked-held-head",
     commands(("HDEL", G4, "h:d02"), ("HINCRBY", G4, "k", -1)),
-    _fsck.UNMARKED_HEAD,
+    problem_kinds.UNMARKED_HEAD,
 )
 _register(
     "running-mark-wrong",
     commands(("HSET", G1, "h:a01", "@")),
-    _fsck.SLOT_MISMATCH,
+    problem_kinds.SLOT_MISMATCH,
 )
 _register(
     "retry-unmarked",
     commands(("HDEL", G2, "h:b01")),
-    _fsck.SLOT_MISMATCH,
-    _fsck.BAD_COUNT,
-    _fsck.STUCK_PARK,  # by its marks, g2 has a free slot
+    problem_kinds.SLOT_MISMATCH,
+    problem_kinds.BAD_COUNT,
+    problem_kinds.STUCK_PARK,  # by its marks, g2 has a free slot
 )
 _register(
     "line-task-marked",
     commands(("HSET", G1, "h:a03", "@"), ("HINCRBY", G1, "k", 1)),
-    _fsck.SLOT_MISMATCH,
+    problem_kinds.SLOT_MISMATCH,
 )
 _register(
     "first-delay-marked",
     commands(("HSET", G7, "h:q09", "r"), ("HINCRBY", G7, "k", 1)),
-    _fsck.SLOT_MISMATCH,
+    problem_kinds.SLOT_MISMATCH,
 )
 _register(
     "stuck-line",
     commands(("HDEL", G5, "!"), ("SREM", P + "halted", "g5")),
-    _fsck.STUCK_PARK,
+    problem_kinds.STUCK_PARK,
 )
 _register(
     "stuck-held",
     commands(("HDEL", KEYS.group_conf("g4"), "p"), ("SREM", P + "paused", "g4")),
-    _fsck.STUCK_HELD,
+    problem_kinds.STUCK_HELD,
 )
 _register(
     "stray-halt-marker",
     commands(("HSET", G1, "!", "nobody"), ("SADD", P + "halted", "g1")),
-    _fsck.STRAY_SLOT,
+    problem_kinds.STRAY_SLOT,
 )
 _register(
     "overlap",
@@ -551,19 +569,19 @@ _register(
         ("SADD", KEYS.inflight("c1"), "a02"),
         ("SET", P + "fence", 999),
     ),
-    _fsck.GROUP_OVERLAP,
-    _fsck.SLOT_MISMATCH,
-    _fsck.BAD_COUNT,  # the backlog index
+    problem_kinds.GROUP_OVERLAP,
+    problem_kinds.SLOT_MISMATCH,
+    problem_kinds.BAD_COUNT,  # the backlog index
 )
 _register(
     "group-counts",
     commands(("HSET", G1, "k", 7, "d", 2, "w", "many"), ("HSET", G2, "junk", 1)),
-    _fsck.BAD_COUNT,
+    problem_kinds.BAD_COUNT,
 )
 _register(
     "empty-group-hash-left",
     commands(("HSET", KEYS.group("g9"), "k", 0, "d", 0, "w", 0)),
-    _fsck.BAD_COUNT,
+    problem_kinds.BAD_COUNT,
 )
 
 # -- indexes, counters, conf flags ------------------------------------------------
@@ -577,7 +595,7 @@ _register(
         ("SREM", P + "halted", "g5"),
         ("SADD", P + "paused", "g1"),
     ),
-    _fsck.BAD_COUNT,
+    problem_kinds.BAD_COUNT,
 )
 _register(
     "stats",
@@ -585,14 +603,14 @@ _register(
         ("HSET", P + "stats", "parked", 99, "held", -1, "groups", "x"),
         ("HSET", P + "stats", "ratewait", 0, "enqueued", "many"),
     ),
-    _fsck.BAD_COUNT,
+    problem_kinds.BAD_COUNT,
 )
 _register(
     "conf-flags",
     commands(("HDEL", P + "conf", "gc", "uq")),
-    _fsck.BAD_CONF,
-    _fsck.BAD_COUNT,
-    _fsck.STUCK_HELD,
+    problem_kinds.BAD_CONF,
+    problem_kinds.BAD_COUNT,
+    problem_kinds.STUCK_HELD,
 )
 
 
@@ -601,24 +619,24 @@ _register(
 _register(
     "prio-pready-wrong-type",
     wrong_type("pready"),
-    _fsck.WRONG_TYPE,
-    _fsck.LOST_TASK,
+    problem_kinds.WRONG_TYPE,
+    problem_kinds.LOST_TASK,
 )
-_register("prio-pseq-wrong-type", wrong_type("pseq"), _fsck.WRONG_TYPE)
+_register("prio-pseq-wrong-type", wrong_type("pseq"), problem_kinds.WRONG_TYPE)
 _register(
     "prio-flag-missing",
     commands(("HDEL", P + "conf", "pu")),
-    _fsck.BAD_CONF,
+    problem_kinds.BAD_CONF,
 )
 _register(
     "prio-lost",
     commands(("ZREM", P + "pready", "u02"), ("ZREM", P + "pready", "q02")),
-    _fsck.LOST_TASK,
+    problem_kinds.LOST_TASK,
 )
 _register(
     "prio-also-in-ready",
     commands(("RPUSH", P + "ready", "u01")),
-    _fsck.DUPLICATE,
+    problem_kinds.DUPLICATE,
 )
 
 

@@ -18,7 +18,11 @@ import pytest
 import redis.asyncio
 
 import aiogroupq
-from aiogroupq._inspect import check as _fsck, snapshot as _snapshot
+from aiogroupq._inspect import (
+    check as _fsck,
+    problems as problem_kinds,
+    snapshot as _snapshot,
+)
 from aiogroupq._store import scripts as _scripts
 from aiogroupq._store.codec import pack
 from aiogroupq._store.keys import QueueKeys
@@ -66,7 +70,7 @@ async def test_the_public_check_takes_a_url_or_a_client(
     (problem,) = await aiogroupq.check_queue(redis_client, QUEUE)
     assert isinstance(problem, aiogroupq.Problem)
     assert (problem.kind, problem.task_id, problem.group) == (
-        _fsck.LOST_TASK,
+        problem_kinds.LOST_TASK,
         "u02",
         None,
     )
@@ -134,11 +138,11 @@ async def test_a_line_task_lost_far_into_a_long_line_is_found(
         (p.kind, p.task_id) for p in (await _fsck.examine(redis_client, KEYS)).problems
     }
     assert found == {
-        (_fsck.ORPHAN_ENTRY, "ghost1"),
-        (_fsck.LOST_TASK, "a26"),
-        (_fsck.ORPHAN_ENTRY, "ghost2"),
-        (_fsck.LOST_TASK, "u26"),
-        (_fsck.LOST_TASK, "d28"),
+        (problem_kinds.ORPHAN_ENTRY, "ghost1"),
+        (problem_kinds.LOST_TASK, "a26"),
+        (problem_kinds.ORPHAN_ENTRY, "ghost2"),
+        (problem_kinds.LOST_TASK, "u26"),
+        (problem_kinds.LOST_TASK, "d28"),
     }
 
 
@@ -163,7 +167,7 @@ async def test_oversized_follows_the_consumers_limit(
     ]
     await _scripts.enqueue(redis_client, KEYS, tasks, dedup_window_ms=60_000)
     found = (await _fsck.examine(redis_client, KEYS, max_payload=limit)).problems
-    assert [(p.kind, p.task_id) for p in found] == [(_fsck.OVERSIZED, "big")]
+    assert [(p.kind, p.task_id) for p in found] == [(problem_kinds.OVERSIZED, "big")]
     assert (
         await _fsck.examine(redis_client, KEYS, max_payload=limit + 1)
     ).problems == []
@@ -171,8 +175,8 @@ async def test_oversized_follows_the_consumers_limit(
     await redis_client.hset(KEYS.task("ok"), "e", b"\xc4" * (limit + 2000))
     found = (await _fsck.examine(redis_client, KEYS, max_payload=limit)).problems
     assert {(p.kind, p.task_id) for p in found} == {
-        (_fsck.OVERSIZED, "ok"),
-        (_fsck.OVERSIZED, "big"),
+        (problem_kinds.OVERSIZED, "ok"),
+        (problem_kinds.OVERSIZED, "big"),
     }
 
 
@@ -193,7 +197,7 @@ async def test_every_key_queue_keys_makes_is_known(
     for name in makers:
         await redis_client.set(getattr(KEYS, name)("x"), "1")
     found = (await _fsck.examine(redis_client, KEYS)).problems
-    assert [p for p in found if p.kind == _fsck.UNKNOWN_KEY] == []
+    assert [p for p in found if p.kind == problem_kinds.UNKNOWN_KEY] == []
     assert len(await redis_client.keys(KEYS.pattern())) == len(makers)
     # And every fixed key QueueKeys names is one the check knows.
     fixed = {
@@ -201,7 +205,7 @@ async def test_every_key_queue_keys_makes_is_known(
         for name in QueueKeys.__slots__
         if name not in ("prefix", "queue", "partition")
     }
-    assert fixed == set(_fsck.FIXED)
+    assert fixed == set(_snapshot.FIXED)
 
 
 # -- the command line ------------------------------------------------------------

@@ -18,7 +18,7 @@ import redis.asyncio
 
 import aiogroupq
 from aiogroupq import ConfigurationError, Producer, Task, TaskState
-from aiogroupq._inspect import check as _fsck
+from aiogroupq._inspect import problems as problem_kinds
 from aiogroupq._store import scripts as _scripts
 from aiogroupq._store.keys import QueueKeys, id_partition
 from aiogroupq._store.partition import Partitions
@@ -326,7 +326,7 @@ async def test_the_check_finds_a_group_in_the_wrong_partition(
     )
     problems = await aiogroupq.check_queue(redis_client, "misplaced")
     kinds = {p.kind for p in problems}
-    assert _fsck.WRONG_PARTITION in kinds, problems
+    assert problem_kinds.WRONG_PARTITION in kinds, problems
 
 
 async def test_an_unrouted_call_is_refused_by_a_partitioned_queue(

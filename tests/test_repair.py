@@ -15,7 +15,12 @@ import pytest
 import redis.asyncio
 
 import aiogroupq
-from aiogroupq._inspect import check as _fsck, repair as _repair
+from aiogroupq._inspect import (
+    check as _fsck,
+    problems as problem_kinds,
+    repair as _repair,
+    snapshot as _snapshot,
+)
 from aiogroupq._store import scripts as _scripts
 from aiogroupq._store.keys import QueueKeys
 
@@ -91,7 +96,9 @@ async def _random_damage(client: redis.asyncio.Redis, rng: random.Random) -> str
             if target_kind not in ("list", "zset", "set", "none"):
                 return f"nothing into {target}"
             if target_kind == "none":
-                target_kind = _fsck.FIXED.get(target.removeprefix(KEYS.prefix), "list")
+                target_kind = _snapshot.FIXED.get(
+                    target.removeprefix(KEYS.prefix), "list"
+                )
             await _add(client, target, target_kind, member, rng)
             key = f"{key} -> {target}"
     elif kind == "hash" and how in ("hdel", "hset"):
@@ -272,9 +279,9 @@ async def test_repair_in_long_lists(redis_client: redis.asyncio.Redis) -> None:
         (p.kind, p.task_id) for p in (await _fsck.examine(redis_client, KEYS)).problems
     }
     assert found == {
-        (_fsck.LOST_TASK, "u10500"),
-        (_fsck.DUPLICATE, "u10300"),
-        (_fsck.LOST_TASK, "h10501"),
+        (problem_kinds.LOST_TASK, "u10500"),
+        (problem_kinds.DUPLICATE, "u10300"),
+        (problem_kinds.LOST_TASK, "h10501"),
     }
     started = time.monotonic()
     done, left = await _repair.repair(redis_client, KEYS)

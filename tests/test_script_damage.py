@@ -18,7 +18,11 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import redis.asyncio
 
-from aiogroupq._inspect import check as _fsck
+from aiogroupq._inspect import (
+    check as _fsck,
+    problems as problem_kinds,
+    snapshot as _snapshot,
+)
 from aiogroupq._store import scripts as _scripts
 from aiogroupq._store.replies import FinishCode
 from aiogroupq.errors import CorruptQueueError
@@ -197,7 +201,7 @@ async def test_a_wrong_typed_fixed_key_is_refused_before_any_write(
     if call not in ("qresume", "refill"):  # these may have nothing to do
         assert await dump(redis_client) != before  # undamaged, the call writes
     refused = []
-    for name, kind in sorted(_fsck.FIXED.items()):
+    for name, kind in sorted(_snapshot.FIXED.items()):
         await redis_client.flushdb()
         running = await _rich_state(redis_client)
         key = KEYS.prefix + name
@@ -237,4 +241,4 @@ async def test_a_counter_that_is_not_an_integer_fails_no_script(
         "groups": "1",
     }
     problems = (await _fsck.examine(redis_client, KEYS)).problems
-    assert {p.kind for p in problems} == {_fsck.BAD_COUNT}
+    assert {p.kind for p in problems} == {problem_kinds.BAD_COUNT}

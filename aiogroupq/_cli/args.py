@@ -11,7 +11,7 @@ import os
 from typing import TYPE_CHECKING, Final
 
 from .. import __version__
-from .._inspect.check import DEFAULT_MAX_PAYLOAD
+from .._store.defaults import DEFAULT_MAX_PAYLOAD_BYTES as DEFAULT_MAX_PAYLOAD
 from . import dashboard as _cli_dashboard, ops as _cli_ops, worker as _cli_worker
 
 DEFAULT_REDIS_URL: Final = "redis://localhost:6379/0"

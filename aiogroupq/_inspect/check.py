@@ -15,46 +15,12 @@ O(keys + entries) time and memory.
 
 The rules are in ``_inspect/rules.py``; the kinds of problem
 (``LOST_TASK``, ``STUCK_PARK``, …) in ``_inspect/problems.py``, whose
-comments say what each means. They are all re-exported here, for the
-repair and the tests.
+comments say what each means.
 """
 
 from __future__ import annotations
 
-__all__ = (
-    "BAD_CONF",
-    "BAD_COUNT",
-    "BAD_ENVELOPE",
-    "BAD_FENCE",
-    "BAD_LAYOUT",
-    "BAD_TASK",
-    "DEFAULT_MAX_PAYLOAD",
-    "DUPLICATE",
-    "FAMILIES",
-    "FIXED",
-    "GROUP_OVERLAP",
-    "LOST_TASK",
-    "MISPLACED",
-    "NOT_INFLIGHT",
-    "ORPHAN_ENTRY",
-    "OVERSIZED",
-    "SLOT_MISMATCH",
-    "STRAY_SLOT",
-    "STUCK_HELD",
-    "STUCK_PARK",
-    "UNINDEXED_DEAD",
-    "UNKNOWN_KEY",
-    "UNMARKED_HEAD",
-    "WRONG_PARTITION",
-    "WRONG_SLOT",
-    "WRONG_TYPE",
-    "Examination",
-    "GroupState",
-    "Problem",
-    "Snapshot",
-    "check_queue",
-    "examine",
-)
+__all__ = ("Examination", "check_queue", "examine")
 
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -65,38 +31,12 @@ from .._store.failures import unavailable_as_error
 from .._store.keys import QueueKeys
 from .._store.partition import Partitions
 from .problems import (
-    BAD_CONF,
-    BAD_COUNT,
-    BAD_ENVELOPE,
-    BAD_FENCE,
-    BAD_LAYOUT,
-    BAD_TASK,
-    DUPLICATE,
-    GROUP_OVERLAP,
-    LOST_TASK,
-    MISPLACED,
-    NOT_INFLIGHT,
-    ORPHAN_ENTRY,
-    OVERSIZED,
-    SLOT_MISMATCH,
-    STRAY_SLOT,
-    STUCK_HELD,
-    STUCK_PARK,
-    UNINDEXED_DEAD,
-    UNKNOWN_KEY,
-    UNMARKED_HEAD,
-    WRONG_PARTITION,
-    WRONG_SLOT,
-    WRONG_TYPE,
     Problem,
     sort_problems,
 )
 from .rules import find_problems, problems_across
 from .snapshot import (
     DEFAULT_MAX_PAYLOAD,
-    FAMILIES,
-    FIXED,
-    GroupState,
     Snapshot,
     read,
 )

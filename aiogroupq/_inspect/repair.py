@@ -44,7 +44,7 @@ from .._store.failures import unavailable_as_error
 from .._store.partition import Partitions
 from .._store.scripts import REPAIR
 from ..errors import CorruptQueueError
-from . import check as fsck
+from . import check as fsck, problems as problem_kinds, snapshot as _snapshot
 
 if TYPE_CHECKING:
     from redis.typing import EncodableT
@@ -62,19 +62,28 @@ _LIVE: Final = frozenset({"queued", "delayed", "running"})
 # Which stage repairs each kind of problem; WRONG_SLOT has none (the key's
 # name is wrong, which only a rename by hand can fix).
 _STAGES: Final = (
-    ("keys", frozenset({fsck.WRONG_TYPE, fsck.UNKNOWN_KEY})),
-    ("tasks", frozenset({fsck.BAD_TASK, fsck.BAD_ENVELOPE, fsck.OVERSIZED})),
-    ("flags", frozenset({fsck.BAD_CONF})),
+    ("keys", frozenset({problem_kinds.WRONG_TYPE, problem_kinds.UNKNOWN_KEY})),
+    (
+        "tasks",
+        frozenset(
+            {
+                problem_kinds.BAD_TASK,
+                problem_kinds.BAD_ENVELOPE,
+                problem_kinds.OVERSIZED,
+            }
+        ),
+    ),
+    ("flags", frozenset({problem_kinds.BAD_CONF})),
     (
         "places",
         frozenset(
             {
-                fsck.ORPHAN_ENTRY,
-                fsck.MISPLACED,
-                fsck.DUPLICATE,
-                fsck.LOST_TASK,
-                fsck.NOT_INFLIGHT,
-                fsck.UNINDEXED_DEAD,
+                problem_kinds.ORPHAN_ENTRY,
+                problem_kinds.MISPLACED,
+                problem_kinds.DUPLICATE,
+                problem_kinds.LOST_TASK,
+                problem_kinds.NOT_INFLIGHT,
+                problem_kinds.UNINDEXED_DEAD,
             }
         ),
     ),
@@ -82,16 +91,16 @@ _STAGES: Final = (
         "groups",
         frozenset(
             {
-                fsck.SLOT_MISMATCH,
-                fsck.STRAY_SLOT,
-                fsck.UNMARKED_HEAD,
-                fsck.STUCK_PARK,
-                fsck.STUCK_HELD,
-                fsck.GROUP_OVERLAP,
+                problem_kinds.SLOT_MISMATCH,
+                problem_kinds.STRAY_SLOT,
+                problem_kinds.UNMARKED_HEAD,
+                problem_kinds.STUCK_PARK,
+                problem_kinds.STUCK_HELD,
+                problem_kinds.GROUP_OVERLAP,
             }
         ),
     ),
-    ("counters", frozenset({fsck.BAD_COUNT, fsck.BAD_FENCE})),
+    ("counters", frozenset({problem_kinds.BAD_COUNT, problem_kinds.BAD_FENCE})),
 )
 
 
@@ -130,8 +139,8 @@ class _Step:
     group: str | None = None
 
 
-def _stage_of(problem: fsck.Problem) -> str | None:
-    if problem.kind == fsck.BAD_COUNT and problem.group is not None:
+def _stage_of(problem: problem_kinds.Problem) -> str | None:
+    if problem.kind == problem_kinds.BAD_COUNT and problem.group is not None:
         return "groups"  # a group's own counts: rebuilt with its marks
     for name, kinds in _STAGES:
         if problem.kind in kinds:
@@ -143,7 +152,7 @@ def _is_int(value: str | None) -> bool:
     return value is not None and value.lstrip("-").isdigit()
 
 
-def _order(snap: fsck.Snapshot, task_id: str) -> tuple[int, str]:
+def _order(snap: _snapshot.Snapshot, task_id: str) -> tuple[int, str]:
     """Where a task belongs in its group's line: by the time it became
     runnable (server ms), then by id (ids are time-ordered)."""
     task = snap.tasks.get(task_id)
@@ -152,7 +161,7 @@ def _order(snap: fsck.Snapshot, task_id: str) -> tuple[int, str]:
 
 
 def _pivots(
-    snap: fsck.Snapshot, group: str, ids: Iterable[str], heads: Iterable[str] = ()
+    snap: _snapshot.Snapshot, group: str, ids: Iterable[str], heads: Iterable[str] = ()
 ) -> dict[str, str]:
     """For each task going back into *group*'s line, the entry to insert it
     before ("" for the tail).
@@ -185,12 +194,12 @@ def _pivots(
     return out
 
 
-def _started(snap: fsck.Snapshot, task_id: str) -> bool:
+def _started(snap: _snapshot.Snapshot, task_id: str) -> bool:
     task = snap.tasks.get(task_id)
     return task is not None and _is_int(task.attempt) and int(task.attempt or 0) > 0
 
 
-def _places(snap: fsck.Snapshot) -> dict[str, list[str]]:
+def _places(snap: _snapshot.Snapshot) -> dict[str, list[str]]:
     """Every place label each id has an entry in."""
     places: dict[str, list[str]] = defaultdict(list)
     for label, ids in (
@@ -216,15 +225,17 @@ def _places(snap: fsck.Snapshot) -> dict[str, list[str]]:
 def _expected_type(keys: QueueKeys, name: str) -> str:
     """The type a key of the queue must have; "" for a key no script makes."""
     rest = name.removeprefix(keys.prefix)
-    if rest in fsck.FIXED:
-        return fsck.FIXED[rest]
+    if rest in _snapshot.FIXED:
+        return _snapshot.FIXED[rest]
     family, sep, item = rest.partition(":")
-    if sep and item and family in fsck.FAMILIES:
-        return fsck.FAMILIES[family]
+    if sep and item and family in _snapshot.FAMILIES:
+        return _snapshot.FAMILIES[family]
     return ""
 
 
-def _plan_keys(snap: fsck.Snapshot, problems: Sequence[fsck.Problem]) -> list[_Step]:
+def _plan_keys(
+    snap: _snapshot.Snapshot, problems: Sequence[problem_kinds.Problem]
+) -> list[_Step]:
     return [
         _Step(("drop", p.key, _expected_type(snap.keys, p.key)))
         for p in problems
@@ -232,14 +243,16 @@ def _plan_keys(snap: fsck.Snapshot, problems: Sequence[fsck.Problem]) -> list[_S
     ]
 
 
-def _plan_tasks(snap: fsck.Snapshot, problems: Sequence[fsck.Problem]) -> list[_Step]:
+def _plan_tasks(
+    snap: _snapshot.Snapshot, problems: Sequence[problem_kinds.Problem]
+) -> list[_Step]:
     whys: dict[str, list[str]] = defaultdict(list)
     for p in problems:
         if p.task_id is None:
             continue
-        if p.kind == fsck.BAD_ENVELOPE:
+        if p.kind == problem_kinds.BAD_ENVELOPE:
             whys[p.task_id].append(f"its envelope does not decode ({p.detail})")
-        elif p.kind == fsck.OVERSIZED:
+        elif p.kind == problem_kinds.OVERSIZED:
             whys[p.task_id].append(f"it is too large ({p.detail})")
         else:
             whys[p.task_id].append(f"its hash is damaged ({p.detail})")
@@ -255,7 +268,9 @@ def _plan_tasks(snap: fsck.Snapshot, problems: Sequence[fsck.Problem]) -> list[_
     return steps
 
 
-def _plan_flags(snap: fsck.Snapshot, problems: Sequence[fsck.Problem]) -> list[_Step]:
+def _plan_flags(
+    snap: _snapshot.Snapshot, problems: Sequence[problem_kinds.Problem]
+) -> list[_Step]:
     live = [t for t in snap.tasks.values() if t.state in _LIVE]
     flags = []
     if snap.pready or any(
@@ -269,7 +284,9 @@ def _plan_flags(snap: fsck.Snapshot, problems: Sequence[fsck.Problem]) -> list[_
     return [_Step(("flag", name)) for name in flags if snap.conf.get(name) != "1"]
 
 
-def _plan_places(snap: fsck.Snapshot, problems: Sequence[fsck.Problem]) -> list[_Step]:
+def _plan_places(
+    snap: _snapshot.Snapshot, problems: Sequence[problem_kinds.Problem]
+) -> list[_Step]:
     ids = sorted({p.task_id for p in problems if p.task_id is not None})
     places = _places(snap)
     # Lost tasks of a group's line go back at their place in it.
@@ -287,7 +304,7 @@ def _plan_places(snap: fsck.Snapshot, problems: Sequence[fsck.Problem]) -> list[
             and task.state == "queued"
             and task.group
             and (not waits or twice)
-            and task_id not in snap.groups.get(task.group, fsck.GroupState()).marks
+            and task_id not in snap.groups.get(task.group, _snapshot.GroupState()).marks
         ):
             # Lost, or twice in its line (then one entry goes back at its
             # place, as a lost one would).
@@ -305,18 +322,23 @@ def _plan_places(snap: fsck.Snapshot, problems: Sequence[fsck.Problem]) -> list[
     return steps
 
 
-def _plan_groups(snap: fsck.Snapshot, problems: Sequence[fsck.Problem]) -> list[_Step]:
+def _plan_groups(
+    snap: _snapshot.Snapshot, problems: Sequence[problem_kinds.Problem]
+) -> list[_Step]:
     fixes: dict[str, set[str]] = defaultdict(set)
     for p in problems:
         if p.group is None:
             continue
         fixes.setdefault(p.group, set())
-        if p.task_id is not None and p.kind in (fsck.SLOT_MISMATCH, fsck.UNMARKED_HEAD):
+        if p.task_id is not None and p.kind in (
+            problem_kinds.SLOT_MISMATCH,
+            problem_kinds.UNMARKED_HEAD,
+        ):
             fixes[p.group].add(p.task_id)
     ready = set(snap.ready) | set(snap.pready)
     steps = []
     for group, ids in sorted(fixes.items()):
-        state = snap.groups.get(group, fsck.GroupState())
+        state = snap.groups.get(group, _snapshot.GroupState())
         first_delay = sum(
             1
             for t in snap.tasks.values()
@@ -335,11 +357,11 @@ def _plan_groups(snap: fsck.Snapshot, problems: Sequence[fsck.Problem]) -> list[
 
 
 def _plan_counters(
-    snap: fsck.Snapshot, problems: Sequence[fsck.Problem]
+    snap: _snapshot.Snapshot, problems: Sequence[problem_kinds.Problem]
 ) -> list[_Step]:
     steps = []
     kinds = {p.kind for p in problems}
-    if fsck.BAD_COUNT in kinds:
+    if problem_kinds.BAD_COUNT in kinds:
         with_line = {g: len(ids) for g, ids in snap.parks.items() if ids}
         halted = {g for g, s in snap.groups.items() if s.halted is not None}
         paused = {g for g, conf in snap.gconf.items() if conf.get("p") == "1"}
@@ -369,7 +391,7 @@ def _plan_counters(
                 continue
             if have is None or not _is_int(have) or int(have) != want:
                 steps.append(_Step(("stat", name, want, have or "")))
-    if fsck.BAD_FENCE in kinds:
+    if problem_kinds.BAD_FENCE in kinds:
         tokens = [int(t.token or 0) for t in snap.tasks.values() if _is_int(t.token)]
         steps.append(_Step(("fence", max(tokens, default=0))))
     return steps
@@ -412,14 +434,14 @@ async def repair(
     client: Client,
     keys: QueueKeys,
     *,
-    max_payload: int = fsck.DEFAULT_MAX_PAYLOAD,
+    max_payload: int = _snapshot.DEFAULT_MAX_PAYLOAD,
     rounds: int = ROUNDS,
-) -> tuple[list[Repair], list[fsck.Problem]]:
+) -> tuple[list[Repair], list[problem_kinds.Problem]]:
     """Check and repair one queue until it is consistent or nothing more can
     be done; return the changes made and the problems left."""
     done: list[Repair] = []
     stuck: set[str] = set()  # stages whose steps changed nothing
-    problems: list[fsck.Problem] = []
+    problems: list[problem_kinds.Problem] = []
     for _ in range(rounds):
         before = await _activity(client, keys)
         found = await fsck.examine(client, keys, max_payload=max_payload)
@@ -427,7 +449,7 @@ async def repair(
         # Counters are recounted from the snapshot, which is not one atomic
         # read: only when nothing moved while it was taken.
         quiet = before == await _activity(client, keys)
-        by_stage: dict[str, list[fsck.Problem]] = defaultdict(list)
+        by_stage: dict[str, list[problem_kinds.Problem]] = defaultdict(list)
         for p in problems:
             stage = _stage_of(p)
             if stage is not None and (stage != "counters" or quiet):
@@ -455,7 +477,7 @@ async def repair_queue(
     redis: RedisLike,
     queue: str,
     *,
-    max_payload_bytes: int = fsck.DEFAULT_MAX_PAYLOAD,
+    max_payload_bytes: int = _snapshot.DEFAULT_MAX_PAYLOAD,
 ) -> list[Repair]:
     """Repair what :func:`check_queue` finds in one queue's Redis keys.
 
@@ -483,8 +505,8 @@ async def repair_queue(
 
 @unavailable_as_error
 async def repair_partitions(
-    redis: RedisLike, queue: str, *, max_payload: int = fsck.DEFAULT_MAX_PAYLOAD
-) -> tuple[list[Repair], list[fsck.Problem]]:
+    redis: RedisLike, queue: str, *, max_payload: int = _snapshot.DEFAULT_MAX_PAYLOAD
+) -> tuple[list[Repair], list[problem_kinds.Problem]]:
     """:func:`repair` of every partition of a queue; the changes, and what
     the check finds afterwards (a group live in the wrong partition is only
     reported: moving tasks between partitions would break its order)."""
@@ -500,8 +522,11 @@ async def repair_partitions(
 
 @unavailable_as_error
 async def repair_keys(
-    redis: RedisLike, keys: QueueKeys, *, max_payload: int = fsck.DEFAULT_MAX_PAYLOAD
-) -> tuple[list[Repair], list[fsck.Problem]]:
+    redis: RedisLike,
+    keys: QueueKeys,
+    *,
+    max_payload: int = _snapshot.DEFAULT_MAX_PAYLOAD,
+) -> tuple[list[Repair], list[problem_kinds.Problem]]:
     """:func:`repair` with a URL or a client to borrow."""
     async with open_client(redis, retry=True) as client:
         return await repair(client, keys, max_payload=max_payload)
