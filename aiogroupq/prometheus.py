@@ -2,7 +2,8 @@
 
 :class:`PrometheusObserver` counts what producers and consumers do and times
 handlers; :meth:`PrometheusObserver.watch_queue` keeps gauges of a queue's
-task counts; :func:`serve` answers scrapes over HTTP (``aiogroupq worker
+state (task counts, the oldest waiting work, halted and paused groups, live
+consumers); :func:`serve` answers scrapes over HTTP (``aiogroupq worker
 --metrics-port`` does all three for a worker). Every metric is labelled with
 ``queue``, and those about tasks with ``task_type`` too (``"unknown"`` when a
 task's envelope could not be read).
@@ -12,9 +13,10 @@ from __future__ import annotations
 
 __all__ = ("MetricsServer", "PrometheusObserver", "serve")
 
+import copy
 import logging
 import threading
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Final
 from weakref import WeakKeyDictionary
 
@@ -26,11 +28,16 @@ from .errors import MissingExtraError
 try:
     import prometheus_client
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+    from prometheus_client.registry import Collector
 except ImportError as _missing:
     raise MissingExtraError(__name__, "prometheus", "prometheus-client") from _missing
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
+
+    from prometheus_client.metrics_core import Metric
+
+    from ._inspect.views import QueueStats
 
 logger: logging.Logger = logging.getLogger(__name__)
 
@@ -59,6 +66,52 @@ _COUNTED: Final = {
     EventKind.EXPIRED: "Tasks that expired before they started (ended by a claim).",
     EventKind.LEASE_LOST: "Attempts whose lease was lost (handler cancelled "
     "or outcome refused).",
+}
+#: the other gauges of a reading: name -> (help, its value); what alerts are
+#: written on (work waiting too long, a halted group, no live consumer)
+_STATS_GAUGES: Final[dict[str, tuple[str, Callable[[QueueStats], float]]]] = {
+    "aiogroupq_queue_oldest_waiting_seconds": (
+        (
+            "Seconds the longest-waiting work has waited to start: the ready "
+            "queue's head, or the group whose line is oldest (0: nothing waits)."
+        ),
+        lambda stats: stats.oldest_waiting or 0.0,
+    ),
+    "aiogroupq_queue_paused": (
+        "1 while the whole queue is paused (nothing starts), else 0.",
+        lambda stats: float(stats.paused),
+    ),
+    "aiogroupq_queue_groups": (
+        "Groups with live tasks (or halted).",
+        lambda stats: stats.groups,
+    ),
+    "aiogroupq_queue_groups_waiting": (
+        "Groups with tasks in line behind their running ones.",
+        lambda stats: stats.groups_waiting,
+    ),
+    "aiogroupq_queue_groups_halted": (
+        (
+            "Groups halted behind a dead task: nothing of theirs starts until "
+            "an operator requeues, purges or releases it."
+        ),
+        lambda stats: stats.groups_halted,
+    ),
+    "aiogroupq_queue_groups_paused": (
+        "Groups paused by an operator.",
+        lambda stats: stats.groups_paused,
+    ),
+    "aiogroupq_queue_groups_rate_limited": (
+        "Groups waiting for their rate limit.",
+        lambda stats: stats.groups_rate_limited,
+    ),
+    "aiogroupq_queue_consumers_alive": (
+        "Consumers that sent a heartbeat within their lease.",
+        lambda stats: stats.consumers_alive,
+    ),
+    "aiogroupq_queue_consumers_gone": (
+        "Consumers that stopped sending heartbeats without leaving (recently).",
+        lambda stats: stats.consumers_gone,
+    ),
 }
 #: events that end an attempt that ran: the handler's duration is observed
 _ENDS: Final = frozenset(
@@ -95,7 +148,8 @@ class _Metrics:
         )
         self.latency = Histogram(
             "aiogroupq_task_pickup_latency_seconds",
-            "Seconds from a task becoming runnable to its claim (Redis server clock).",
+            "Seconds from a task becoming runnable (a retry: the end of its "
+            "backoff) to its claim (Redis server clock).",
             labels,
             buckets=LATENCY_BUCKETS,
             registry=registry,
@@ -118,6 +172,10 @@ class _Metrics:
             ("queue", "state"),
             registry=registry,
         )
+        self.queue_gauges = {
+            name: Gauge(name, text, ("queue",), registry=registry)
+            for name, (text, _) in _STATS_GAUGES.items()
+        }
 
 
 _BY_REGISTRY: Final[WeakKeyDictionary[CollectorRegistry, _Metrics]] = (
@@ -142,12 +200,12 @@ class PrometheusObserver(Observer):
 
     Counters ``aiogroupq_tasks_<event>_total`` (``enqueued``, ``started``,
     ``failed``, ``succeeded``, ``retried``, ``dead``, ``cancelled``,
-    ``handed_back``, ``lease_lost``), histograms
+    ``handed_back``, ``expired``, ``lease_lost``), histograms
     ``aiogroupq_task_duration_seconds`` and
     ``aiogroupq_task_pickup_latency_seconds``, counters
     ``aiogroupq_loop_blocked_total`` and
-    ``aiogroupq_loop_blocked_seconds_total``, and the gauge
-    ``aiogroupq_queue_tasks`` (see :meth:`watch_queue`).
+    ``aiogroupq_loop_blocked_seconds_total``, and the ``aiogroupq_queue_*``
+    gauges (see :meth:`watch_queue`).
 
     :param registry: where the metrics live (default: prometheus_client's
         global registry, which :func:`serve` and most frameworks expose)
@@ -177,33 +235,75 @@ class PrometheusObserver(Observer):
     async def watch_queue(
         self,
         queue: str,
-        read: Callable[[], Awaitable[Mapping[str, int]]],
+        read: Callable[[], Awaitable[Mapping[str, int] | QueueStats]],
         *,
         interval: float = 5.0,
     ) -> None:
-        """Keep ``aiogroupq_queue_tasks{queue, state}`` up to date until
-        cancelled: every *interval* seconds, ``await read()`` gives the
-        count of each state. A state missing from a later reading drops to
-        0; a failed reading is logged and leaves the gauges as they were.
+        """Keep the queue's gauges up to date until cancelled: every
+        *interval* seconds, ``await read()``. A failed reading is logged and
+        leaves the gauges as they were.
+
+        A reading that is a :class:`~aiogroupq.QueueStats` (pass
+        ``admin.stats``) sets ``aiogroupq_queue_tasks{queue, state}`` for
+        ``ready``, ``parked``, ``held``, ``delayed``, ``running`` and
+        ``dead``, and the gauges alerts are written on:
+        ``aiogroupq_queue_oldest_waiting_seconds`` (0 when nothing waits),
+        ``aiogroupq_queue_paused`` (1 or 0),
+        ``aiogroupq_queue_groups``, ``aiogroupq_queue_groups_waiting``,
+        ``aiogroupq_queue_groups_halted``, ``aiogroupq_queue_groups_paused``,
+        ``aiogroupq_queue_groups_rate_limited``,
+        ``aiogroupq_queue_consumers_alive`` and
+        ``aiogroupq_queue_consumers_gone``. A reading that is a mapping of
+        state -> count sets ``aiogroupq_queue_tasks`` alone.
+
+        A state missing from a later reading drops to 0.
 
         :param queue: the queue's name, for the label
-        :param read: an async callable returning state -> count
+        :param read: an async callable returning a ``QueueStats``, or a
+            mapping of state -> count
         :param interval: seconds between readings
         """
-        gauge = self._metrics.queue_tasks
         seen: set[str] = set()
         while True:
             try:
-                counts = await read()
+                reading = await read()
             except Exception as exc:  # noqa: BLE001 - any reader, any failure
                 logger.warning("could not read the counts of queue %r: %s", queue, exc)
             else:
-                for state in seen - set(counts):
-                    gauge.labels(queue, state).set(0)
-                for state, count in counts.items():
-                    gauge.labels(queue, state).set(count)
-                seen |= set(counts)
+                if isinstance(reading, Mapping):
+                    counts = dict(reading)
+                else:
+                    counts = _task_counts(reading)
+                    for name, (_, figure) in _STATS_GAUGES.items():
+                        self._metrics.queue_gauges[name].labels(queue).set(
+                            figure(reading)
+                        )
+                self._set_counts(queue, counts, seen)
             await anyio.sleep(interval)
+
+    def _set_counts(
+        self, queue: str, counts: Mapping[str, int], seen: set[str]
+    ) -> None:
+        """Set the task counts of one reading; *seen* holds the states set
+        so far, and those missing now drop to 0."""
+        gauge = self._metrics.queue_tasks
+        for state in seen - set(counts):
+            gauge.labels(queue, state).set(0)
+        for state, count in counts.items():
+            gauge.labels(queue, state).set(count)
+        seen |= set(counts)
+
+
+def _task_counts(stats: QueueStats) -> dict[str, int]:
+    """The task states of a reading, as ``aiogroupq_queue_tasks{state}``."""
+    return {
+        "ready": stats.ready,
+        "parked": stats.parked,
+        "held": stats.held,
+        "delayed": stats.delayed,
+        "running": stats.running,
+        "dead": stats.dead,
+    }
 
 
 class MetricsServer:
@@ -225,8 +325,51 @@ class MetricsServer:
         self._thread.join()
 
 
+class _WithoutCreated(Collector):
+    """What *registry* exposes (only the metrics *names* when given), less
+    the ``<name>_created`` samples that prometheus_client adds to each
+    counter, histogram and summary: one series more per labelled child,
+    which alerts and dashboards rarely use.
+
+    Only this view drops them: prometheus_client's own switch for it
+    (``disable_created_metrics()``) is global to the process, which may hold
+    the application's metrics too.
+    """
+
+    def __init__(
+        self, registry: CollectorRegistry, names: Iterable[str] | None = None
+    ) -> None:
+        self._registry = registry
+        self._names = None if names is None else tuple(names)
+
+    def collect(self) -> Iterable[Metric]:
+        if self._names is None:
+            return _without_created(self._registry.collect())
+        restricted = self._registry.restricted_registry(self._names)
+        return _without_created(restricted.collect())
+
+    def restricted_registry(self, names: Iterable[str]) -> _WithoutCreated:
+        """The same view of some metrics only (a scrape with ``name[]``)."""
+        return _WithoutCreated(self._registry, names)
+
+
+def _without_created(metrics: Iterable[Metric]) -> Iterator[Metric]:
+    for metric in metrics:
+        created = f"{metric.name}_created"
+        if not any(sample.name == created for sample in metric.samples):
+            yield metric
+            continue
+        kept = copy.copy(metric)
+        kept.samples = [sample for sample in metric.samples if sample.name != created]
+        yield kept
+
+
 def serve(
-    port: int, *, addr: str = "0.0.0.0", registry: CollectorRegistry | None = None
+    port: int,
+    *,
+    addr: str = "0.0.0.0",
+    registry: CollectorRegistry | None = None,
+    created: bool = False,
 ) -> MetricsServer:
     """Answer Prometheus scrapes on ``http://addr:port/metrics`` from a
     background thread, until :meth:`MetricsServer.close`.
@@ -234,11 +377,14 @@ def serve(
     :param port: the TCP port (0: a free one, see :attr:`MetricsServer.port`)
     :param addr: the address to listen on
     :param registry: what to expose (default: the global registry)
+    :param created: also expose the ``*_created`` series prometheus_client
+        keeps for each counter, histogram and summary (the time each
+        labelled series was created); left out by default
     :raises OSError: if the port cannot be bound
     """
+    chosen = prometheus_client.REGISTRY if registry is None else registry
+    exposed: Collector = chosen if created else _WithoutCreated(chosen)
     server, thread = prometheus_client.start_http_server(
-        port,
-        addr=addr,
-        registry=prometheus_client.REGISTRY if registry is None else registry,
+        port, addr=addr, registry=exposed
     )
     return MetricsServer(server, thread)

@@ -2,9 +2,14 @@
 application's own authentication (HTTP Basic here; any check of the request
 works: a session cookie, a header set by an authenticating proxy...).
 
-Run it with ``uvicorn examples.dashboard_app:app`` (``REDIS_URL`` names the
-server, ``OPERATOR_PASSWORD`` the password of the user ``operator``) and open
-http://127.0.0.1:8000/dashboard/.
+Needs ``pip install "aiogroupq[dashboard,examples]"`` (the dashboard's
+Starlette, Jinja2 and uvicorn; FastAPI).
+
+Run it with ``uvicorn examples.dashboard_app:app [--host HOST] [--port PORT]``
+(``REDIS_URL`` names the server, ``OPERATOR_PASSWORD`` the password of the
+user ``operator``) and open http://127.0.0.1:8000/dashboard/. It shows the
+queue of the getting-started page, ``imports``: a dashboard consumes nothing,
+so watching another example's queue cannot take that example's tasks.
 """
 
 from __future__ import annotations

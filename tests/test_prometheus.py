@@ -208,6 +208,153 @@ async def test_queue_gauges_follow_the_reader(
     assert readings >= 3
 
 
+async def test_a_retry_pickup_latency_leaves_out_its_backoff(
+    redis_client: redis.asyncio.Redis,
+) -> None:
+    registry = CollectorRegistry()
+    observer = PrometheusObserver(registry=registry)
+    backoff = 1.0
+
+    async def again(n: int) -> None:
+        if aiogroupq.current_task().attempt == 1:
+            raise aiogroupq.Retry(backoff)
+
+    async with (
+        aiogroupq.Producer(redis_client, queue=QUEUE) as producer,
+        aiogroupq.Consumer(
+            redis_client, queue=QUEUE, handlers={"again": again}, observers=[observer]
+        ),
+    ):
+        task_id = await producer.enqueue("again", 1, group="g")
+        with anyio.fail_after(PATIENCE):
+            while await producer.status(task_id) != TaskState.SUCCEEDED:
+                await anyio.sleep(0.01)
+    labels = {"queue": QUEUE, "task_type": "again"}
+    count = value(registry, "aiogroupq_task_pickup_latency_seconds_count", **labels)
+    total = value(registry, "aiogroupq_task_pickup_latency_seconds_sum", **labels)
+    # Two pickups: the first attempt's, and the retry's from the end of its
+    # backoff (counted from the enqueue, it alone would exceed the backoff).
+    assert count == 2
+    assert total < backoff
+
+
+async def test_queue_gauges_from_admin_stats(
+    redis_client: redis.asyncio.Redis,
+) -> None:
+    registry = CollectorRegistry()
+    observer = PrometheusObserver(registry=registry)
+    release = anyio.Event()
+
+    async def block(n: int) -> None:
+        await release.wait()
+
+    async def fail(n: int) -> None:
+        raise RuntimeError("dead at once")
+
+    handlers = {
+        "block": aiogroupq.Handler(block),
+        "fail": aiogroupq.Handler(fail, on_dead="halt"),
+    }
+    async with (
+        aiogroupq.Admin(redis_client, queue=QUEUE) as admin,
+        aiogroupq.Producer(redis_client, queue=QUEUE) as producer,
+    ):
+        await admin.pause_group("p")
+        await producer.enqueue("block", 0, group="p")
+        async with aiogroupq.Consumer(
+            redis_client, queue=QUEUE, handlers=handlers, concurrency=1
+        ):
+            # Group h halts behind its dead task, one task waits behind the
+            # busy consumer, and p stays paused.
+            dead = await producer.enqueue("fail", 0, group="h", max_attempts=1)
+            await producer.enqueue("fail", 1, group="h")
+            with anyio.fail_after(PATIENCE):
+                while await producer.status(dead) != TaskState.DEAD:
+                    await anyio.sleep(0.01)
+            busy = await producer.enqueue("block", 1)
+            with anyio.fail_after(PATIENCE):
+                while await producer.status(busy) != TaskState.RUNNING:
+                    await anyio.sleep(0.01)
+            await producer.enqueue("block", 2)
+
+            def gauge(name: str, **labels: str) -> float | None:
+                return registry.get_sample_value(name, {"queue": QUEUE, **labels})
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(
+                    lambda: observer.watch_queue(QUEUE, admin.stats, interval=0.01)
+                )
+                with anyio.fail_after(PATIENCE):
+                    while (
+                        not (gauge("aiogroupq_queue_oldest_waiting_seconds") or 0) > 0
+                    ):
+                        await anyio.sleep(0.01)
+                tg.cancel_scope.cancel()
+            got = {
+                name: gauge(f"aiogroupq_queue_{name}")
+                for name in (
+                    "paused",
+                    "groups_halted",
+                    "groups_paused",
+                    "consumers_alive",
+                    "consumers_gone",
+                )
+            }
+            tasks = {
+                state: gauge("aiogroupq_queue_tasks", state=state)
+                for state in ("ready", "running", "dead")
+            }
+            release.set()
+    assert got == {
+        "paused": 0,
+        "groups_halted": 1,
+        "groups_paused": 1,
+        "consumers_alive": 1,
+        "consumers_gone": 0,
+    }
+    assert tasks == {"ready": 1, "running": 1, "dead": 1}
+
+
+async def _scrape(registry: CollectorRegistry, query: str = "", **serving: bool) -> str:
+    server = serve(0, addr="127.0.0.1", registry=registry, **serving)
+    try:
+        async with httpx.AsyncClient() as http:
+            url = f"http://127.0.0.1:{server.port}/metrics{query}"
+            response = await http.get(url)
+    finally:
+        server.close()
+    assert response.status_code == 200
+    return response.text
+
+
+async def test_served_metrics_have_no_created_series_unless_asked() -> None:
+    registry = CollectorRegistry()
+    observer = PrometheusObserver(registry=registry)
+    observer.on_event(
+        TaskEvent(kind=EventKind.STARTED, queue="q", task_type="t", latency=0.01)
+    )
+    observer.on_event(
+        TaskEvent(kind=EventKind.SUCCEEDED, queue="q", task_type="t", duration=0.5)
+    )
+    assert any(
+        sample.name.endswith("_created")
+        for metric in registry.collect()
+        for sample in metric.samples
+    )  # what prometheus_client keeps, and serve leaves out
+    text = await _scrape(registry)
+    assert 'aiogroupq_tasks_started_total{queue="q",task_type="t"} 1.0' in text
+    assert (
+        'aiogroupq_task_pickup_latency_seconds_count{queue="q",task_type="t"}' in text
+    )
+    assert "_created" not in text
+    some = (
+        "?name[]=aiogroupq_tasks_started_total&name[]=aiogroupq_tasks_started_created"
+    )
+    assert "_created" not in await _scrape(registry, some)
+    kept = await _scrape(registry, created=True)
+    assert 'aiogroupq_tasks_started_created{queue="q",task_type="t"}' in kept
+
+
 async def test_serve_answers_scrapes_over_http() -> None:
     registry = CollectorRegistry()
     PrometheusObserver(registry=registry).on_event(

@@ -39,6 +39,7 @@ from ._scripts_helpers import (
     marks,
     new,
     ok,
+    server_ms,
     set_group,
     smembers,
     stats,
@@ -187,6 +188,37 @@ async def test_claim_promotes_due_tasks_into_their_group_order(
     await enqueue(redis_client, new("u", delay_ms=5))
     await anyio.sleep(0.05)
     assert (await claim_one(redis_client)).id == "u"
+    await assert_consistent(redis_client)
+
+
+async def test_a_due_task_is_runnable_from_its_due_time(
+    redis_client: redis.asyncio.Redis,
+) -> None:
+    # Pickup latency is the claim's time minus the task's due time: a retry
+    # counts from the end of its backoff, never from its first enqueue, and
+    # a delayed task from its due time, not from the claim that promoted it.
+    await enqueue(redis_client, new("a", "g"), new("d", "h", delay_ms=LONG_MS))
+    a = await claim_one(redis_client)
+    await redis_client.hset(KEYS.task("a"), "dt", 1)  # enqueued long ago
+    retry = _scripts.Outcome("a", a.token, "retry", LONG_MS, "err")
+    assert await finish(redis_client, retry) == [FinishCode.APPLIED]
+    due = await server_ms(redis_client) - 10_000
+    for member in ("a", "d"):
+        assert await redis_client.zadd(KEYS.delayed, {member: due}, xx=True, ch=True)
+    reply = await claim(redis_client)
+    assert [(t.id, t.due_ms) for t in reply.tasks] == [("a", due), ("d", due)]
+    assert reply.now_ms > due
+    await assert_consistent(redis_client)
+
+
+async def test_a_grouped_claim_records_its_time_for_a_pause_to_wait_on(
+    redis_client: redis.asyncio.Redis,
+) -> None:
+    await enqueue(redis_client, new("a", "g"), new("u"))
+    reply = await claim(redis_client)
+    assert [t.id for t in reply.tasks] == ["a", "u"]
+    assert await field(redis_client, "a", "cl") == str(reply.now_ms)
+    assert await field(redis_client, "u", "cl") is None  # no group to pause
     await assert_consistent(redis_client)
 
 

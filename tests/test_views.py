@@ -132,8 +132,8 @@ async def test_stats_counts_every_place_a_task_can_be(
     assert stats.exists
     assert not stats.paused
     assert stats.ready == 3  # two ungrouped, the head of "line"
-    assert stats.parked == 3  # "halt" 1, "line" 2
-    assert stats.held == 2  # "paused", "rated"
+    assert stats.parked == 2  # "line" 2
+    assert stats.held == 3  # "paused", "rated", and "halt" 1 behind its dead task
     assert stats.delayed == 2  # the retry, the delayed task
     assert stats.running == 1
     assert stats.dead == 1
@@ -471,7 +471,9 @@ async def test_task_details_through_a_life(
     await finish(redis_client, ok, "ok")
     details = await admin.task(ok_id)
     assert details.state == TaskState.SUCCEEDED
-    assert details.type is None  # the envelope goes when it succeeds
+    # The envelope goes when it succeeds; what identifies the task stays.
+    assert (details.type, details.payload, details.payload_size) == ("t", None, 1)
+    assert near(details.enqueued_at, time.time())
     assert details.kept_for is not None
     assert 0 < details.kept_for <= 60
     with pytest.raises(aiogroupq.TaskNotFoundError):

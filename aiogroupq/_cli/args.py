@@ -1,18 +1,25 @@
 """The ``aiogroupq`` command line's arguments: the parser of every command
-(the operator commands and ``dashboard`` add their own, from
-``_cli/ops.py`` and ``_cli/dashboard.py``) and the types of its values."""
+(the operator commands, ``dashboard`` and ``server`` add their own, from
+``_cli/ops.py``, ``_cli/dashboard.py`` and ``_cli/server.py``) and the types
+of its values."""
 
 from __future__ import annotations
 
-__all__ = ("DEFAULT_REDIS_URL", "parser")
+__all__ = ("DEFAULT_REDIS_URL", "parse", "parser")
 
 import argparse
 import os
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 
 from .. import __version__
 from .._store.defaults import DEFAULT_MAX_PAYLOAD_BYTES as DEFAULT_MAX_PAYLOAD
-from . import dashboard as _cli_dashboard, ops as _cli_ops, worker as _cli_worker
+from . import (
+    dashboard as _cli_dashboard,
+    ops as _cli_ops,
+    server as _cli_server,
+    worker as _cli_worker,
+)
 
 DEFAULT_REDIS_URL: Final = "redis://localhost:6379/0"
 
@@ -33,7 +40,49 @@ def parser() -> argparse.ArgumentParser:
     _add_demo(commands)
     _cli_ops.add_commands(commands, DEFAULT_REDIS_URL)
     _cli_dashboard.add_command(commands, DEFAULT_REDIS_URL)
+    _cli_server.add_command(commands)
     return top
+
+
+#: the commands that print JSON with ``--json``
+_JSON_COMMANDS: Final = "stats, groups, group, task, consumers, dead list and dead show"
+
+
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line, parsed.
+
+    An argument that the command does not take is reported with that
+    command's usage (argparse's own would print the top-level one, which
+    does not say which command refused what).
+
+    :param argv: the arguments (default: ``sys.argv[1:]``)
+    :raises SystemExit: after ``--help`` or ``--version``, or a usage error
+    """
+    top = parser()
+    args, extra = top.parse_known_args(argv)
+    if extra:
+        hint = f" (--json is for {_JSON_COMMANDS})" if "--json" in extra else ""
+        _command_parser(top, args).error(
+            f"unrecognized arguments: {' '.join(extra)}{hint}"
+        )
+    return args
+
+
+def _command_parser(
+    top: argparse.ArgumentParser, args: argparse.Namespace
+) -> argparse.ArgumentParser:
+    """The parser of the (sub)command that *args* ran: ``dead requeue``'s,
+    not ``dead``'s."""
+    found = top
+    for dest in ("command", "action"):  # "action": the subcommand of dead
+        chosen = getattr(args, dest, None)
+        subcommands = [
+            a for a in found._actions if isinstance(a, argparse._SubParsersAction)
+        ]
+        if chosen is None or not subcommands:
+            break
+        found = subcommands[0].choices[chosen]
+    return found
 
 
 def _redis_url(command: argparse.ArgumentParser) -> None:
@@ -94,6 +143,12 @@ def _add_worker(commands: Commands) -> None:
         type=_port,
         help="serve Prometheus metrics on this port (needs aiogroupq[prometheus]; "
         "with --processes N, the workers use PORT..PORT+N-1)",
+    )
+    worker.add_argument(
+        "--metrics-created",
+        action="store_true",
+        help="with --metrics-port, also serve the *_created series of counters "
+        "and histograms (left out by default)",
     )
     # Set by --processes for its children: stop when the supervisor is gone.
     worker.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)

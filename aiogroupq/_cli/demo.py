@@ -10,8 +10,12 @@ started once and ended once, a group's tasks started in enqueue order, and no
 task of a group started while another one of it was running. It also checks
 that every task's state is ``succeeded`` (read in pipelines, with progress).
 
-Progress is redrawn in place on a terminal and printed as plain lines once a
-second otherwise. SIGINT (Ctrl-C), SIGTERM and SIGHUP (a closed terminal)
+It says what it does before each step (starting the server, starting the
+worker processes, enqueueing), then shows progress: while no task has started
+yet, that the workers are still starting; at the end, once every task left
+belongs to a few groups (the hot ones), that these run one task at a time by
+design, which is why the rate drops. Progress is redrawn in place on a
+terminal and printed as plain lines once a second otherwise. SIGINT (Ctrl-C), SIGTERM and SIGHUP (a closed terminal)
 stop the run within about a second: the workers are stopped (killed if
 they linger), the throwaway server is stopped and the temporary files are
 removed; the exit status is 128 + the signal number.
@@ -19,7 +23,17 @@ removed; the exit status is 128 + the signal number.
 
 from __future__ import annotations
 
-__all__ = ("Job", "Verdict", "make_plan", "run_demo", "verify", "worker")
+__all__ = (
+    "Job",
+    "Remaining",
+    "Verdict",
+    "make_plan",
+    "progress_line",
+    "run_demo",
+    "tail_line",
+    "verify",
+    "worker",
+)
 
 import os
 import random
@@ -29,7 +43,7 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import ExitStack, asynccontextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +66,9 @@ from .demo_console import Console, Interrupted, StopSignals
 BATCH: Final = 1_000
 #: give up when no task completes for this long (a lost task would hang us)
 STALL_TIMEOUT: Final = 60.0
+#: the plan's hot groups: how many, and how their names end
+HOT_GROUPS: Final = 3
+_HOT_SUFFIX: Final = ":bulk-import"
 
 # One atomic step: a clock tick, the server time, and the record. Its keys
 # share a hash tag outside the queue's own ``{aiogroupq:<queue>}`` prefix.
@@ -141,9 +158,9 @@ def make_plan(tasks: int, groups: int, rng: random.Random) -> tuple[list[Job], s
     """
     ungrouped = tasks // 5
     grouped = tasks - ungrouped
-    hot_groups = min(3, groups)
+    hot_groups = min(HOT_GROUPS, groups)
     hot_each = min(tasks // 20, grouped // hot_groups)
-    hot = [f"tenant-{k:04d}:bulk-import" for k in range(hot_groups)]
+    hot = [f"tenant-{k:04d}{_HOT_SUFFIX}" for k in range(hot_groups)]
     cold = [f"tenant-{k:04d}:orders" for k in range(hot_groups, groups)]
     cold_tasks = grouped - hot_groups * hot_each
     labels: list[str | None] = [g for g in hot for _ in range(hot_each)]
@@ -167,6 +184,90 @@ def make_plan(tasks: int, groups: int, rng: random.Random) -> tuple[list[Job], s
         f"{tasks:,} tasks: {hot_part}{cold_tasks:,} over "
         f"{min(cold_tasks, len(spread)):,} groups, {ungrouped:,} ungrouped"
     )
+
+
+def is_hot(group: str) -> bool:
+    """Whether *group* is one of the plan's hot groups."""
+    return group.endswith(_HOT_SUFFIX)
+
+
+# -- progress ------------------------------------------------------------------
+
+
+class Remaining:
+    """The tasks left to run, followed from the journal as it grows: whether
+    any task has started yet, and whether every task left belongs to a few
+    groups (the tail, where the rate drops because a group runs one task at
+    a time).
+
+    :param jobs: the plan, in enqueue order
+    """
+
+    def __init__(self, jobs: Sequence[Job]) -> None:
+        self._jobs = jobs
+        self._left: Counter[str | None] = Counter(job.group for job in jobs)
+        self._ended = bytearray(len(jobs))
+        #: a task has started (the journal is not empty)
+        self.started = False
+
+    def feed(self, records: Iterable[bytes | str]) -> None:
+        """Take journal records (``clock sec usec event i ...``) in order."""
+        for raw in records:
+            self.started = True
+            text = raw.decode() if isinstance(raw, bytes) else raw
+            event, index = text.split(" ", 5)[3:5]
+            i = int(index)
+            # A repeated end or a record the plan does not know is verify()'s
+            # to report; here it must not skew the counts.
+            if event != "e" or not 0 <= i < len(self._jobs) or self._ended[i]:
+                continue
+            self._ended[i] = 1
+            group = self._jobs[i].group
+            self._left[group] -= 1
+            if not self._left[group]:
+                del self._left[group]
+
+    @property
+    def left(self) -> int:
+        """Tasks not ended yet."""
+        return self._left.total()
+
+    def tail(self) -> list[str] | None:
+        """The groups of the tasks left, when at most :data:`HOT_GROUPS` of
+        them hold all of those (no ungrouped task left); else ``None``."""
+        if not self._left or len(self._left) > HOT_GROUPS or None in self._left:
+            return None
+        return sorted(group for group in self._left if group is not None)
+
+
+def progress_line(
+    done: int, total: int, rate: float, *, started: bool, tail: Sequence[str] | None
+) -> str:
+    """The progress line: the count and the rate, or why there is no rate
+    yet, and in the tail how many groups are left."""
+    line = f"  running: {done:,}/{total:,} done"
+    if not started:
+        return f"{line}, waiting for the worker processes to start"
+    line += f", {rate:,.0f} tasks/s"
+    if tail:
+        each = "one task at a time" if len(tail) == 1 else "one task at a time each"
+        line += f" ({_groups(tail)} left, {each})"
+    return line
+
+
+def tail_line(left: int, tail: Sequence[str]) -> str:
+    """Say once why the end is slower: the tasks left are a few groups'."""
+    hot = "hot " if all(is_hot(group) for group in tail) else ""
+    return (
+        f"tail:     the last {left:,} tasks all belong to the {_groups(tail, hot)} "
+        f"({', '.join(tail)}), and a group runs its tasks one at a time, by "
+        f"design: the rate drops to what {len(tail)} "
+        f"task{'s' if len(tail) > 1 else ''} at a time allow"
+    )
+
+
+def _groups(tail: Sequence[str], adjective: str = "") -> str:
+    return f"{len(tail)} {adjective}group{'s' if len(tail) > 1 else ''}"
 
 
 # -- verification --------------------------------------------------------------
@@ -295,6 +396,10 @@ def run_demo(
             with ExitStack() as stack:
                 throwaway = redis_url is None
                 if redis_url is None:
+                    console.say(
+                        "server:   starting a throwaway server "
+                        "(give --redis-url to use yours)"
+                    )
                     try:
                         with stop.raising():
                             server = stack.enter_context(ServerProcess())
@@ -354,11 +459,20 @@ class _Run:
             except (RedisError, OSError) as exc:
                 say(f"aiogroupq demo: error: cannot reach the server: {exc}", err=True)
                 return 2
+            say(
+                f"workers:  starting {processes} worker processes: aiogroupq "
+                f"worker {__name__}:worker --queue {self.queue} "
+                f"--processes {processes}"
+            )
             process = await self._start_workers(processes, concurrency)
             try:
+                say(
+                    f"enqueue:  {len(self.jobs):,} tasks in batches of {BATCH:,}, "
+                    "while the workers start"
+                )
                 started = anyio.current_time()
                 ids = await self._enqueue(client, started)
-                finished = await self._follow(client, keys[2], len(ids), process)
+                finished = await self._follow(client, keys, len(ids), process)
                 elapsed = anyio.current_time() - started
                 self.console.progress("stopping the workers", final=True)
                 await _stop(process, patience=60.0)
@@ -440,13 +554,33 @@ class _Run:
         return 1 if problems else 0
 
     async def _follow(
-        self, client: redis.asyncio.Redis, done_key: str, total: int, process: Process
+        self,
+        client: redis.asyncio.Redis,
+        keys: tuple[str, str, str],
+        total: int,
+        process: Process,
     ) -> bool:
-        """Show progress until every task ended; False on a stall."""
+        """Show progress until every task ended; False on a stall. The
+        journal's new records tell whether a task has started yet and what
+        is left (read with the done counter, in one round trip)."""
+        _clock, journal_key, done_key = keys
+        remaining = Remaining(self.jobs)
+        read = 0  # journal records taken so far
+        told_tail = False
         window: deque[tuple[float, int]] = deque()
         last_change, last_done = anyio.current_time(), -1
         while True:
-            done = int(await client.get(done_key) or 0)
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.get(done_key)
+                pipe.lrange(journal_key, read, -1)
+                counter, records = await pipe.execute()
+            done = int(counter or 0)
+            read += len(records)
+            remaining.feed(records)
+            tail = remaining.tail()
+            if tail and not told_tail:
+                told_tail = True
+                self.console.say(tail_line(remaining.left, tail))
             now = anyio.current_time()
             window.append((now, done))
             while now - window[0][0] > 1.0:
@@ -458,7 +592,7 @@ class _Run:
                 process.returncode is not None or now - last_change > STALL_TIMEOUT
             )
             self.console.progress(
-                f"  running: {done:,}/{total:,} done, {rate:,.0f} tasks/s",
+                progress_line(done, total, rate, started=remaining.started, tail=tail),
                 final=end or stalled,
             )
             if end:

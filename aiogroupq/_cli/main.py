@@ -13,6 +13,12 @@
   ``consumers``, ``dead``, ``release``, ``pause``, ``resume``, ``cancel``,
   ``repartition``) are in ``_cli/ops.py``; ``aiogroupq dashboard`` (the web
   dashboard) is in ``_cli/dashboard.py``.
+- ``aiogroupq server`` runs a throwaway Redis-protocol server for local
+  development (``_cli/server.py``).
+
+Whatever the command, an error of aiogroupq's is one line on stderr and
+exit status 2, and a reader that stops reading the output (``| head``) ends
+the command quietly (``_cli/stdout.py``).
 """
 
 from __future__ import annotations
@@ -29,9 +35,15 @@ from .._inspect.repair import repair_partitions
 from .._store.connection import safe_url
 from .._store.keys import QueueKeys
 from .._telemetry.log import configure as configure_logging
-from ..errors import ConfigurationError, RedisUnavailableError
-from . import dashboard as _cli_dashboard, ops as _cli_ops, worker as _cli_worker
-from .args import parser
+from ..errors import AiogroupqError, ConfigurationError, RedisUnavailableError
+from . import (
+    dashboard as _cli_dashboard,
+    ops as _cli_ops,
+    server as _cli_server,
+    worker as _cli_worker,
+)
+from .args import parse
+from .stdout import StdoutClosed, closed_stdout, say
 from .target import UsageError
 
 
@@ -41,7 +53,17 @@ def main(argv: list[str] | None = None) -> int:
     :param argv: the arguments (default: ``sys.argv[1:]``)
     """
     try:
-        args = parser().parse_args(argv)
+        status = _run(argv)
+        # Short output is still in the buffer: a gone reader shows here.
+        sys.stdout.flush()
+    except (StdoutClosed, BrokenPipeError):
+        return closed_stdout()
+    return status
+
+
+def _run(argv: list[str] | None) -> int:
+    try:
+        args = parse(argv)
         args.argv = list(sys.argv[1:] if argv is None else argv)
     except SystemExit as exc:  # --help, or argparse's own usage error
         return exc.code if isinstance(exc.code, int) else 2
@@ -49,11 +71,13 @@ def main(argv: list[str] | None = None) -> int:
         verbose=getattr(args, "verbose", False),
         log_format=getattr(args, "log_format", "text"),
     )
-    if args.command in _cli_ops.COMMANDS:
-        return _cli_ops.run(args)
-    if args.command == "dashboard":
-        return _cli_dashboard.run(args)
     try:
+        if args.command in _cli_ops.COMMANDS:
+            return _cli_ops.run(args)
+        if args.command == "dashboard":
+            return _cli_dashboard.run(args)
+        if args.command == "server":
+            return _cli_server.run(args)
         if args.command == "worker":
             return _cli_worker.run(args)
         if args.command == "check":
@@ -75,6 +99,11 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exception(exc.__cause__)
         print(f"aiogroupq {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except AiogroupqError as exc:  # e.g. the demo's server did not start
+        # Each command reports its own errors; one that escapes is still
+        # one line, never a traceback.
+        print(f"aiogroupq {args.command}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 async def _check(redis_url: str, queue: str, repair: bool, max_payload: int) -> int:
@@ -84,11 +113,11 @@ async def _check(redis_url: str, queue: str, repair: bool, max_payload: int) -> 
         if found.empty:
             # Most likely a misspelt name or another database: "0 problems"
             # would read as a clean bill of health.
-            print(f"queue {queue!r} has no keys (check the name and the database)")
+            say(f"queue {queue!r} has no keys (check the name and the database)")
             return 0
         for problem in found.problems:
-            print(problem)
-        print(f"queue {queue!r}: {len(found.problems)} problems")
+            say(problem)
+        say(f"queue {queue!r}: {len(found.problems)} problems")
         if not repair or not found.problems:
             return 1 if found.problems else 0
         done, problems = await repair_partitions(
@@ -97,8 +126,8 @@ async def _check(redis_url: str, queue: str, repair: bool, max_payload: int) -> 
     except (ConfigurationError, RedisUnavailableError) as exc:
         raise UsageError(f"Redis at {safe_url(redis_url)}: {exc}") from None
     for change in done:
-        print(f"repaired: {change}")
+        say(f"repaired: {change}")
     for problem in problems:
-        print(f"left: {problem}")
-    print(f"queue {queue!r}: {len(done)} changes made, {len(problems)} problems left")
+        say(f"left: {problem}")
+    say(f"queue {queue!r}: {len(done)} changes made, {len(problems)} problems left")
     return 1 if problems else 0

@@ -3,9 +3,18 @@ is doing (stats, groups, group, task, consumers, dead list/show) and act on
 it (dead requeue/purge, release, pause, resume, cancel, repartition).
 
 Every read command prints a table or a page for people, or JSON with
-``--json``; ``stats --watch`` refreshes. Exit status: 0 done, 1 nothing to
-act on or not found (an unknown task, a group that is not halted, a queue
-that does not exist), 2 a bad command line or an unreachable Redis.
+``--json``; ``stats --watch`` refreshes. Exit status: 0 done; 1 nothing to
+act on or not found (a queue that does not exist, a group with no tasks and
+no settings, an unknown or ended task, a group that is not halted or not
+paused, an id that is not a dead letter); 2 a bad command line, an
+unreachable Redis, or any other error of aiogroupq's (a permission Redis
+refused, a damaged key), in one line.
+
+An action never creates what it acts on: a name with a typo must not leave
+settings behind for a queue or group that will never come. Only ``pause
+--create`` writes the pause of a queue or group that has no tasks and no
+settings yet. The checks read before they write, so they guard against
+typos, not against a queue created in between.
 """
 
 from __future__ import annotations
@@ -15,7 +24,7 @@ __all__ = ("COMMANDS", "add_commands", "run")
 import argparse
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Final
@@ -23,7 +32,7 @@ from typing import Any, Final
 import anyio
 
 from .._inspect import render as show, views as _views
-from .._store import layout as _layout, scripts as _scripts, validate as _validate
+from .._store import layout as _layout, scripts as _scripts
 from .._store.connection import Client, open_client
 from .._store.defaults import DEFAULT_RETENTION
 from .._store.failures import unavailable_as_error
@@ -31,15 +40,11 @@ from .._store.fanout import by_partition, requeue_dead
 from .._store.keys import QueueKeys
 from .._store.partition import Partitions
 from .._store.replies import CancelCode
-from ..admin import MAX_PAGE, Admin
-from ..errors import (
-    AiogroupqError,
-    ConfigurationError,
-    InvalidTaskError,
-    RedisUnavailableError,
-    TaskNotFoundError,
-)
+from ..admin import MAX_PAGE, Admin, GroupSettings
+from ..errors import AiogroupqError, TaskNotFoundError
 from ..producer import Producer
+from .permissions import explain, is_refusal
+from .stdout import say
 
 COMMANDS: Final = frozenset(
     {
@@ -227,16 +232,27 @@ def _add_acting(adder: _Adder) -> None:
         "dead task stays dead.",
     )
     release.add_argument("name", metavar="GROUP")
-    for name, text in (
-        ("pause", "stop starting tasks of a group, or of the whole queue"),
-        ("resume", "start tasks of a paused group, or queue, again"),
-    ):
-        parser = adder.command(
-            name, text, text[0].upper() + text[1:] + "; running tasks are not touched."
-        )
-        parser.add_argument(
-            "name", metavar="GROUP", nargs="?", help="default: the queue"
-        )
+    pause = adder.command(
+        "pause",
+        "stop starting tasks of a group, or of the whole queue",
+        "Stop starting tasks of a group, or of the whole queue; running tasks "
+        "are not touched. A queue or group with no tasks and no settings is "
+        "most likely a typo: it is refused (exit status 1) unless --create.",
+    )
+    pause.add_argument("name", metavar="GROUP", nargs="?", help="default: the queue")
+    pause.add_argument(
+        "--create",
+        action="store_true",
+        help="pause a queue or group that has no tasks or settings yet, for "
+        "the tasks to come",
+    )
+    resume = adder.command(
+        "resume",
+        "start tasks of a paused group, or queue, again",
+        "Start tasks of a paused group, or of the paused queue, again, in "
+        "order. One that is not paused is reported (exit status 1).",
+    )
+    resume.add_argument("name", metavar="GROUP", nargs="?", help="default: the queue")
     cancel = adder.command(
         "cancel",
         "cancel a task (a running one at its consumer's next heartbeat)",
@@ -280,23 +296,32 @@ def _seconds(text: str) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run one operator command; return the exit status."""
+    """Run one operator command; return the exit status.
+
+    :raises StdoutClosed: if the reader of the output went away
+    """
     name = args.command + (f" {args.action}" if args.command == "dead" else "")
     try:
         if not args.queue:
             raise _Usage(f"--queue is required (or set ${_QUEUE_ENV})")
+        _check_ids(args)
         return anyio.run(_run, args)
     except _Failed as exc:
         print(f"aiogroupq {name}: {exc}", file=sys.stderr)
         return 1
-    except (_Usage, ConfigurationError, InvalidTaskError, RedisUnavailableError) as exc:
+    except (_Usage, AiogroupqError) as exc:
         print(f"aiogroupq {name}: error: {exc}", file=sys.stderr)
         return 2
-    except AiogroupqError as exc:  # e.g. a damaged key: CorruptQueueError
-        print(f"aiogroupq {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:  # stops --watch
         return 0
+
+
+def _check_ids(args: argparse.Namespace) -> None:
+    """Refuse an empty task id before connecting (``task ''`` from an unset
+    shell variable)."""
+    ids = [*getattr(args, "ids", ()), getattr(args, "task_id", None)]
+    if any(i == "" for i in ids):
+        raise _Usage("a task id is empty (an unset shell variable?)")
 
 
 @asynccontextmanager
@@ -306,7 +331,9 @@ async def _open(
     async with (
         open_client(args.redis_url, retry=True) as client,
         Admin(client, queue=args.queue) as admin,
-        Producer(client, queue=args.queue) as producer,
+        # It enqueues nothing: an operator looking into a server that may
+        # evict keys must not be refused (or warned on every command).
+        Producer(client, queue=args.queue, allow_eviction=True) as producer,
     ):
         yield client, admin, producer
 
@@ -316,21 +343,57 @@ async def _run(args: argparse.Namespace) -> int:
     QueueKeys(args.queue)  # a bad name is refused before connecting
     async with _open(args) as (client, admin, producer):
         handler = _HANDLERS[args.command]
-        await handler(args, client, admin, producer)
+        try:
+            await handler(args, client, admin, producer)
+        except Exception as exc:
+            if not is_refusal(exc):
+                raise
+            # A script's refusal may not name the command: find out which.
+            explained = await explain(client, args.queue, exc)
+            if explained is exc:
+                raise
+            raise explained from None
     return 0
 
 
-async def _require_queue(admin: Admin, args: argparse.Namespace) -> None:
-    """Say so when an empty answer comes from a queue that does not exist."""
+async def _require_queue(
+    admin: Admin, args: argparse.Namespace, hint: str = ""
+) -> None:
+    """Say so when an empty answer comes from a queue that does not exist,
+    and act on no such queue."""
     if not (await admin.stats()).exists:
-        raise _missing(args)
+        raise _missing(args, hint)
 
 
-def _missing(args: argparse.Namespace) -> _Failed:
+def _missing(args: argparse.Namespace, hint: str = "") -> _Failed:
     return _Failed(
         f"queue {args.queue!r} does not exist on this server: nothing was "
         "ever enqueued to it, configured or consumed (check --queue and "
-        "--redis-url)"
+        f"--redis-url){hint}"
+    )
+
+
+async def _group_exists(admin: Admin, info: _views.GroupInfo) -> bool:
+    """Whether the group has live tasks, is halted or paused, or has settings
+    of its own: what a group with a typo in its name has none of."""
+    if (
+        info.state == _views.GroupState.DAMAGED
+        or info.holders
+        or info.running
+        or info.backlog
+        or info.delayed
+        or info.halted_by is not None
+        or info.paused
+    ):
+        return True
+    return await admin.group_settings(info.group) != GroupSettings()
+
+
+def _no_group(args: argparse.Namespace, hint: str = "") -> _Failed:
+    return _Failed(
+        f"group {args.name!r} has no live tasks and no settings in queue "
+        f"{args.queue!r}: check the name (a group whose tasks all ended looks "
+        f"the same){hint}"
     )
 
 
@@ -345,7 +408,7 @@ async def _stats(
     while True:
         stats = await admin.stats()
         if args.json:
-            print(show.to_json(stats, pretty=not args.watch), flush=True)
+            say(show.to_json(stats, pretty=not args.watch), flush=True)
         if not stats.exists:
             raise _missing(args)
         if not args.json:
@@ -357,10 +420,10 @@ async def _stats(
                     for k, n in stats.totals.items()
                 }
             if args.watch and sys.stdout.isatty():
-                print("\x1b[H\x1b[2J", end="")  # clear the terminal
+                say("\x1b[H\x1b[2J", end="")  # clear the terminal
             elif shown:
-                print()
-            print(show.render_stats(stats, rates), flush=True)
+                say()
+            say(show.render_stats(stats, rates), flush=True)
         shown += 1
         previous = stats
         if not args.watch or (args.count is not None and shown >= args.count):
@@ -379,41 +442,49 @@ async def _groups(
     if not page.groups and args.cursor == 0:
         await _require_queue(admin, args)
     if args.json:
-        print(show.to_json(page))
+        say(show.to_json(page))
         return
     if not page.groups:
-        print(
+        say(
             f"no {args.sort} groups"
             if args.sort in ("halted", "paused")
             else "no group has a line"
         )
     else:
-        print(show.table(show.GROUP_HEADERS, map(show.group_row, page.groups)))
+        say(show.table(show.GROUP_HEADERS, map(show.group_row, page.groups)))
     if page.next_cursor is not None:
-        print(f"next page: --cursor {page.next_cursor}")
+        say(f"next page: --cursor {page.next_cursor}")
 
 
 async def _group(
     args: argparse.Namespace, client: Client, admin: Admin, producer: Producer
 ) -> None:
     info = await admin.group_info(args.name)
-    if info.state == _views.GroupState.IDLE:
+    if not await _group_exists(admin, info):
         await _require_queue(admin, args)
-    print(show.to_json(info) if args.json else show.render_group(info))
+        if args.json:  # the view still, as ``stats --json`` prints one
+            say(show.to_json(info))
+        raise _no_group(args)
+    say(show.to_json(info) if args.json else show.render_group(info))
 
 
 async def _task(
     args: argparse.Namespace, client: Client, admin: Admin, producer: Producer
 ) -> None:
+    details = await _task_details(args, admin)
+    say(show.to_json(details) if args.json else show.render_task(details))
+
+
+async def _task_details(args: argparse.Namespace, admin: Admin) -> _views.TaskDetails:
     try:
-        details = await admin.task(args.task_id)
+        return await admin.task(args.task_id)
     except TaskNotFoundError:
-        raise _Failed(_no_task(args)) from None
-    print(show.to_json(details) if args.json else show.render_task(details))
+        raise await _no_task(args, admin) from None
 
 
-def _no_task(args: argparse.Namespace) -> str:
-    return f"no task {args.task_id!r} in queue {args.queue!r} (or it expired)"
+async def _no_task(args: argparse.Namespace, admin: Admin) -> _Failed:
+    await _require_queue(admin, args)
+    return _Failed(f"no task {args.task_id!r} in queue {args.queue!r} (or it expired)")
 
 
 async def _consumers(
@@ -423,12 +494,12 @@ async def _consumers(
     if not found:
         await _require_queue(admin, args)
     if args.json:
-        print(show.to_json(found))
+        say(show.to_json(found))
     elif not found:
-        print("no consumer is registered")
+        say("no consumer is registered")
     else:
         now = (await admin.stats()).now
-        print(show.table(show.CONSUMER_HEADERS, show.consumer_rows(now, found)))
+        say(show.table(show.CONSUMER_HEADERS, show.consumer_rows(now, found)))
 
 
 # -- dead letters ----------------------------------------------------------------
@@ -442,23 +513,20 @@ async def _dead(
         if not letters:
             await _require_queue(admin, args)
         if args.json:
-            print(show.to_json(letters))
+            say(show.to_json(letters))
             return
         stats = await admin.stats()
         if not letters:
-            print("no dead letters")
+            say("no dead letters")
             return
-        print(show.table(show.DEAD_HEADERS, show.dead_rows(stats.now, letters)))
+        say(show.table(show.DEAD_HEADERS, show.dead_rows(stats.now, letters)))
         if stats.dead > len(letters):
-            print(f"({show.count(stats.dead - len(letters))} more: --limit)")
+            say(f"({show.count(stats.dead - len(letters))} more: --limit)")
     elif args.action == "show":
-        try:
-            details = await admin.task(args.task_id)
-        except TaskNotFoundError:
-            raise _Failed(_no_task(args)) from None
+        details = await _task_details(args, admin)
         if details.state != "dead":
             raise _Failed(f"task {args.task_id!r} is not dead: it is {details.state}")
-        print(show.to_json(details) if args.json else show.render_task(details))
+        say(show.to_json(details) if args.json else show.render_task(details))
     else:
         await _act_on_dead(args, client, admin)
 
@@ -477,21 +545,30 @@ async def _act_on_dead(args: argparse.Namespace, client: Client, admin: Admin) -
 
     done = 0
     if args.ids:
-        progress = show.Progress(f"{op}d", len(args.ids))
-        for start in range(0, len(args.ids), _scripts.DEAD_BATCH):
-            chunk = args.ids[start : start + _scripts.DEAD_BATCH]
+        await _require_queue(admin, args)
+        ids = list(dict.fromkeys(args.ids))  # each once
+        dead, not_dead = await _sorted_out(client, parts, ids)
+        # Progress over the dead letters only: "requeued: 1/1" for an id
+        # that was none would read as success.
+        progress = show.Progress(f"{op}d", len(dead))
+        for start in range(0, len(dead), _scripts.DEAD_BATCH):
+            chunk = dead[start : start + _scripts.DEAD_BATCH]
             for keys, mine in by_partition(parts, chunk).items():
                 done += await act(keys, mine)
-            progress.update(
-                start + len(chunk), final=start + len(chunk) == len(args.ids)
+            progress.update(done, final=start + len(chunk) == len(dead))
+        say(f"{op}d {show.count(done)} of {_tasks(len(ids))}")
+        if not_dead:
+            states = await _states(admin, not_dead)
+            raise _Failed(f"not a dead letter: {states}")
+        if done < len(dead):
+            raise _Failed(
+                f"left alone: {_tasks(len(dead) - done)} no longer dead (requeued "
+                "or purged meanwhile) or damaged (aiogroupq check)"
             )
-        if done == 0:
-            raise _Failed(f"none of the {len(args.ids)} tasks is a dead letter")
-        print(f"{op}d {show.count(done)} of {show.count(len(args.ids))} dead letters")
         return
     stats = await admin.stats()
     if not stats.exists:
-        await _require_queue(admin, args)
+        raise _missing(args)
     # Only what is dead now: a task dead-lettered meanwhile is not chased.
     until_ms = round(stats.now * 1000)
     progress = show.Progress(f"{op}d", stats.dead)
@@ -507,7 +584,48 @@ async def _act_on_dead(args: argparse.Namespace, client: Client, admin: Admin) -
             skipped += len(ids) - acted if op == "requeue" else 0
             progress.update(looked)
     progress.update(looked, final=True)
-    print(f"{op}d {show.count(done)} dead letters")
+    say(f"{op}d {show.count(done)} dead letters")
+
+
+async def _sorted_out(
+    client: Client, parts: Partitions, ids: Sequence[str]
+) -> tuple[list[str], list[str]]:
+    """*ids* split into dead letters and the others, each in the given order."""
+    dead_ones: set[str] = set()
+    for start in range(0, len(ids), _scripts.DEAD_BATCH):
+        chunk = ids[start : start + _scripts.DEAD_BATCH]
+        for keys, mine in by_partition(parts, chunk).items():
+            # ZSCORE, not ZMSCORE: a worker's rule grants it (operations.md)
+            async with client.pipeline(transaction=False) as pipe:
+                for task_id in mine:
+                    pipe.zscore(keys.dead, task_id)
+                scores: list[Any] = await pipe.execute()
+            dead_ones.update(
+                i for i, s in zip(mine, scores, strict=True) if s is not None
+            )
+    dead = [i for i in ids if i in dead_ones]
+    return dead, [i for i in ids if i not in dead_ones]
+
+
+#: ids named one by one in a message; more are counted
+_SHOWN_IDS: Final = 10
+
+
+async def _states(admin: Admin, ids: Sequence[str]) -> str:
+    """``'a' (queued), 'b' (no such task) and 3 more``."""
+    shown = []
+    for task_id in ids[:_SHOWN_IDS]:
+        try:
+            state = str((await admin.task(task_id)).state)
+        except TaskNotFoundError:
+            state = "no such task"
+        shown.append(f"{task_id!r} ({state})")
+    more = f" and {len(ids) - _SHOWN_IDS} more" if len(ids) > _SHOWN_IDS else ""
+    return ", ".join(shown) + more
+
+
+def _tasks(n: int) -> str:
+    return f"{show.count(n)} task{'' if n == 1 else 's'}"
 
 
 async def _dead_before(
@@ -526,48 +644,97 @@ async def _dead_before(
 async def _release(
     args: argparse.Namespace, client: Client, admin: Admin, producer: Producer
 ) -> None:
+    await _require_queue(admin, args)
     if not await admin.release_group(args.name):
+        if not await _group_exists(admin, await admin.group_info(args.name)):
+            raise _no_group(args)
         raise _Failed(f"group {args.name!r} is not halted")
-    print(f"released group {args.name!r}: it goes on with its next task")
+    say(f"released group {args.name!r}: it goes on with its next task")
+
+
+#: what ``pause`` without ``--create`` adds to "does not exist"
+_CREATE: Final = "; to pause it before its first task, add --create"
 
 
 async def _pause(
     args: argparse.Namespace, client: Client, admin: Admin, producer: Producer
 ) -> None:
-    resume = args.command == "resume"
     if args.name is None:
-        await (admin.resume() if resume else admin.pause())
-        what = f"queue {args.queue!r}"
-    else:
-        await (
-            admin.resume_group(args.name) if resume else admin.pause_group(args.name)
+        stats = await admin.stats()
+        if not stats.exists and not args.create:
+            raise _missing(args, _CREATE)
+        if stats.paused:
+            raise _Failed(f"queue {args.queue!r} is already paused")
+        await admin.pause()
+        say(f"paused queue {args.queue!r}")
+        return
+    settings = await admin.group_settings(args.name)
+    if not settings.paused and not args.create:
+        await _require_queue(admin, args, _CREATE)
+        if not await _group_exists(admin, await admin.group_info(args.name)):
+            raise _no_group(args, _CREATE)
+    if settings.paused:
+        raise _Failed(f"group {args.name!r} is already paused")
+    await admin.pause_group(args.name)
+    say(f"paused group {args.name!r}")
+
+
+async def _resume(
+    args: argparse.Namespace, client: Client, admin: Admin, producer: Producer
+) -> None:
+    stats = await admin.stats()
+    if not stats.exists:
+        raise _missing(args)
+    if args.name is None:
+        if not stats.paused:
+            paused = stats.groups_paused
+            raise _Failed(
+                f"queue {args.queue!r} is not paused"
+                + (
+                    f" ({_groups_text(paused)} paused: aiogroupq groups --sort paused)"
+                    if paused
+                    else ""
+                )
+            )
+        await admin.resume()
+        say(f"resumed queue {args.queue!r}")
+        return
+    if not (await admin.group_settings(args.name)).paused:
+        if not await _group_exists(admin, await admin.group_info(args.name)):
+            raise _no_group(args)
+        raise _Failed(
+            f"group {args.name!r} is not paused"
+            + (" (the whole queue is: aiogroupq resume)" if stats.paused else "")
         )
-        what = f"group {args.name!r}"
-    print(f"{'resumed' if resume else 'paused'} {what}")
+    await admin.resume_group(args.name)
+    say(f"resumed group {args.name!r}")
+
+
+def _groups_text(n: int) -> str:
+    return "1 group is" if n == 1 else f"{show.count(n)} groups are"
 
 
 async def _cancel(
     args: argparse.Namespace, client: Client, admin: Admin, producer: Producer
 ) -> None:
-    task_id = _validate.task_id(args.task_id)
     code = await _scripts.cancel(
         client,
-        Partitions(args.queue).of_id(task_id),
-        task_id,
+        Partitions(args.queue).of_id(args.task_id),
+        args.task_id,
         retention_ms=round(DEFAULT_RETENTION * 1000),
     )
     if code is CancelCode.NOT_FOUND:
-        raise _Failed(_no_task(args))
+        raise await _no_task(args, admin)
     if code is CancelCode.FINISHED:
         state = await producer.status(args.task_id)
         raise _Failed(f"task {args.task_id!r} had already ended ({state})")
     if code is CancelCode.REQUESTED:
-        print(
+        say(
             f"task {args.task_id!r} is running: its consumer cancels it at its "
             "next heartbeat"
         )
     else:
-        print(f"cancelled task {args.task_id!r}")
+        say(f"cancelled task {args.task_id!r}")
 
 
 async def _repartition(
@@ -575,21 +742,22 @@ async def _repartition(
 ) -> None:
     if (args.to is None) != bool(args.finish):
         raise _Usage("give either --to K (start, then finish) or --finish")
+    await _require_queue(admin, args)
     if args.to is not None:
         await admin.start_repartition(args.to)
-        print(f"queue {args.queue!r}: moving to {args.to} partitions")
+        say(f"queue {args.queue!r}: moving to {args.to} partitions")
     deadline = anyio.current_time() + (args.wait or 0.0)
     while reasons := await admin.finish_repartition():
         if anyio.current_time() >= deadline:
             for reason in reasons:
-                print(f"  waiting: {reason}")
+                say(f"  waiting: {reason}")
             raise _Failed(
                 "the move is under way; run 'aiogroupq repartition --finish' "
                 "again (or with --wait SECONDS) once these are done"
             )
         await anyio.sleep(0.5)
     parts, _ = await admin.partitions()
-    print(f"queue {args.queue!r}: {parts} partitions, the move is finished")
+    say(f"queue {args.queue!r}: {parts} partitions, the move is finished")
 
 
 _HANDLERS: Final = {
@@ -601,7 +769,7 @@ _HANDLERS: Final = {
     "dead": _dead,
     "release": _release,
     "pause": _pause,
-    "resume": _pause,
+    "resume": _resume,
     "cancel": _cancel,
     "repartition": _repartition,
 }

@@ -191,27 +191,16 @@ async def _serve(spec: str, target: Target, args: argparse.Namespace) -> None:
 
 
 async def _queue_gauges(args: argparse.Namespace, observer: Observer) -> None:
-    """With --metrics-port: keep the queue's counts as gauges, from one
-    ``Admin.stats()`` call every few seconds (each counts every consumer's
-    tasks, so any one worker's metrics show the whole queue)."""
+    """With --metrics-port: keep the queue's gauges (task counts, the oldest
+    waiting work, halted and paused groups, live consumers), from one
+    ``Admin.stats()`` call every few seconds (each reads the whole queue, so
+    any one worker's metrics show it all)."""
     from ..admin import Admin
     from ..prometheus import PrometheusObserver
 
     assert isinstance(observer, PrometheusObserver)
     async with Admin(args.redis_url, queue=args.queue) as admin:
-
-        async def read() -> dict[str, int]:
-            stats = await admin.stats()
-            return {
-                "ready": stats.ready,
-                "parked": stats.parked,
-                "held": stats.held,
-                "delayed": stats.delayed,
-                "running": stats.running,
-                "dead": stats.dead,
-            }
-
-        await observer.watch_queue(args.queue, read)
+        await observer.watch_queue(args.queue, admin.stats)
 
 
 async def _consume(
@@ -244,7 +233,9 @@ async def _consume(
 
 @contextmanager
 def _metrics(args: argparse.Namespace) -> Iterator[tuple[Observer, ...]]:
-    """With --metrics-port: serve Prometheus metrics while the worker runs."""
+    """With --metrics-port: serve Prometheus metrics while the worker runs
+    (the ``*_created`` series only with --metrics-created, see
+    :func:`~aiogroupq.prometheus.serve`)."""
     if args.metrics_port is None:
         yield ()
         return
@@ -253,7 +244,7 @@ def _metrics(args: argparse.Namespace) -> Iterator[tuple[Observer, ...]]:
     except MissingExtraError as exc:
         raise UsageError(f"--metrics-port: {exc}") from None
     try:
-        server = serve(args.metrics_port)
+        server = serve(args.metrics_port, created=args.metrics_created)
     except OSError as exc:
         raise UsageError(f"--metrics-port {args.metrics_port}: {exc}") from None
     logger.info("serving Prometheus metrics on port %d", server.port)

@@ -183,6 +183,8 @@ class Dashboard:
             until=fmt.until,
             clock=fmt.clock,
             short=fmt.short,
+            size=fmt.size_text,
+            consumer=fmt.consumer_text,
             window_text=window_text,
         )
 

@@ -9,13 +9,16 @@ it is (not) running.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 from redis.exceptions import NoScriptError
 
 from .._store.codec import unpack
+from .._store.keys import QueueKeys
 from .._store.registry import COUNTERS
 from .._store.replies import NOT_A_TASK, text as _text
 from .._store.scripts import CONSUMERS, GROUP_INFO, STATS, STATUSES, TASK_INFO
@@ -39,7 +42,6 @@ if TYPE_CHECKING:
     from redis.typing import EncodableT
 
     from .._store.connection import Client
-    from .._store.keys import QueueKeys
     from .._store.lua import Script
 
 #: live consumers listed in :attr:`QueueStats.consumers`
@@ -122,6 +124,11 @@ async def queue_stats(client: Client, keys: QueueKeys) -> QueueStats:
     now_ms = _int(r[0])
     counters = {k: _int(v) for k, v in _pairs(r[17]).items()}
     ratewait = counters.get("ratewait", 0)
+    # A pause or a halt leaves a group's tasks where they were: its heads in
+    # the ready list (until a claim sets them aside), its line parked. They
+    # are held back all the same, and counted so.
+    held_lines, held_heads = _int(r[19][0]), _int(r[19][1])
+    parked = counters.get("parked", 0)
     heads = [_int(v) for v in (r[13], r[14], r[15]) if v is not None]
     next_due = None if r[16] is None else max(0, _int(r[16]) - now_ms) / 1000
     return QueueStats(
@@ -129,9 +136,9 @@ async def queue_stats(client: Client, keys: QueueKeys) -> QueueStats:
         exists=r[1] == 1,
         now=now_ms / 1000,
         paused=r[2] == 1,
-        ready=_int(r[3]) + _int(r[4]),
-        parked=counters.get("parked", 0),
-        held=counters.get("held", 0),
+        ready=max(0, _int(r[3]) + _int(r[4]) - held_heads),
+        parked=max(0, parked - held_lines),
+        held=counters.get("held", 0) + held_lines + held_heads,
         delayed=max(0, _int(r[5]) - ratewait),
         running=_int(r[6]),
         dead=_int(r[7]),
@@ -153,15 +160,20 @@ async def queue_stats(client: Client, keys: QueueKeys) -> QueueStats:
 
 _SLOTS: Final[dict[str, Slot]] = {"@": "ready", "r": "retry", "~": "held"}
 
+#: a consumer as the registry has it: when it counts as gone and its latest
+#: heartbeat (server ms), each ``None`` if it is not registered
+Beat = tuple[int | None, int | None]
+
 
 async def group_infos(
     client: Client, keys: QueueKeys, groups: Sequence[str], *, alive: int | None = None
 ) -> list[GroupInfo]:
     """These groups as seen now (one ``group_info.lua`` call). *alive*: the
     live consumers, when the registry is in another partition than *keys*
-    (each partition's own is empty)."""
+    (each partition's own is empty); the consumers of running tasks are then
+    looked up there (one more round trip)."""
     reply = await GROUP_INFO(client, keys, (), ("groups", *groups))
-    return _described(reply, alive)[0]
+    return (await _described(client, keys, reply, alive))[0]
 
 
 async def group_page(
@@ -175,23 +187,117 @@ async def group_page(
 ) -> GroupPage:
     """One page of groups (one ``group_info.lua`` call, as group_infos)."""
     reply = await GROUP_INFO(client, keys, (), (sort, cursor, limit))
-    infos, next_cursor = _described(reply, alive)
+    infos, next_cursor = await _described(client, keys, reply, alive)
     return GroupPage(tuple(infos), next_cursor)
 
 
-def _described(
-    reply: Sequence[Any], alive: int | None
+async def registry_beats(
+    client: Client,
+    keys: QueueKeys,
+    names: Iterable[str],
+    *,
+    now_ms: int | None = None,
+) -> tuple[dict[str, Beat], int | None]:
+    """What the consumer registry (partition 0's, whatever partition *keys*
+    is) says of each consumer in *names* and, given *now_ms*, how many
+    consumers are alive then: one pipeline. A damaged registry key reads as
+    "not registered" (``aiogroupq check`` reports it)."""
+    wanted = sorted(set(names))
+    if not wanted and now_ms is None:
+        return {}, None
+    registry = keys if keys.partition == 0 else QueueKeys(keys.queue)
+    async with client.pipeline(transaction=False) as pipe:
+        for name in wanted:
+            pipe.zscore(registry.consumers, name)
+            pipe.hget(registry.consumer_info(name), "hb")
+        if now_ms is not None:
+            pipe.zcount(registry.consumers, now_ms, "+inf")
+        replies: list[Any] = await pipe.execute(raise_on_error=False)
+    beats = {
+        name: (_opt_int(replies[2 * i]), _opt_int(replies[2 * i + 1]))
+        for i, name in enumerate(wanted)
+    }
+    return beats, None if now_ms is None else _opt_int(replies[-1]) or 0
+
+
+def _opt_int(value: Any) -> int | None:
+    if value is None or isinstance(value, Exception):
+        return None
+    number = _int(value, -1)
+    return None if number < 0 else number
+
+
+async def _described(
+    client: Client, keys: QueueKeys, reply: Sequence[Any], alive: int | None
 ) -> tuple[list[GroupInfo], int | None]:
     now_ms, queue_paused = _int(reply[0]), reply[1] == 1
     if alive is None:
         alive = _int(reply[2])
     cursor = _int(reply[3], -1)
-    infos = [_group(row, now_ms, queue_paused, alive) for row in reply[4:]]
+    rows = reply[4:]
+    beats: dict[str, Beat] | None = None
+    if keys.partition != 0:  # the script read this partition's empty registry
+        beats, _ = await registry_beats(
+            client,
+            keys,
+            (
+                _text(h[5])
+                for row in rows
+                if len(row) > 2
+                for h in row[16]
+                if _text(h[1]) not in _SLOTS and h[5]
+            ),
+        )
+    infos = [_group(row, now_ms, queue_paused, alive, beats) for row in rows]
     return infos, None if cursor < 0 else cursor
 
 
+def _holder(
+    h: Sequence[Any],
+    now_ms: int,
+    rate_free_at: float | None,
+    beats: dict[str, Beat] | None,
+) -> GroupTask:
+    tid, mark, _, attempt, max_attempts, consumer, dt, lease, due, gone, hb = h
+    slot = _SLOTS.get(_text(mark), "running")
+    if slot == "running":
+        due_at = None
+    elif slot == "retry":
+        due_at = _secs(due)
+    elif slot == "held" and rate_free_at is not None:
+        due_at = rate_free_at
+    else:
+        due_at = _secs(dt)
+    name = _opt_text(consumer) if slot == "running" else None
+    alive: bool | None = None
+    beat: float | None = None
+    if name is not None:
+        gone_ms, beat_ms = (
+            (_opt_int(gone), _opt_int(hb))
+            if beats is None
+            else beats.get(name, (None, None))
+        )
+        alive = gone_ms is not None and gone_ms >= now_ms
+        beat = None if beat_ms is None else beat_ms / 1000
+    return GroupTask(
+        _text(tid),
+        slot,
+        _int(attempt),
+        _int(max_attempts, 1),
+        name,
+        _secs(lease) if slot == "running" else None,
+        due_at,
+        consumer_alive=alive,
+        consumer_heartbeat=beat,
+    )
+
+
 def _group(
-    row: Sequence[Any], now_ms: int, queue_paused: bool, alive: int
+    row: Sequence[Any],
+    now_ms: int,
+    queue_paused: bool,
+    alive: int,
+    beats: dict[str, Beat] | None = None,
 ) -> GroupInfo:
     now = now_ms / 1000
     name = _text(row[0])
@@ -205,29 +311,7 @@ def _group(
     k, d, w = _int(row[1]), _int(row[2]), _int(row[3])
     limit, rn, rp, mx = _int(row[5], 1), _int(row[7]), _int(row[8]), _int(row[9])
     rate_free_at = _secs(row[10])
-    holders = []
-    for h in row[16]:
-        tid, mark, _, attempt, max_attempts, consumer, dt, lease, due = h
-        slot = _SLOTS.get(_text(mark), "running")
-        if slot == "running":
-            due_at = None
-        elif slot == "retry":
-            due_at = _secs(due)
-        elif slot == "held" and rate_free_at is not None:
-            due_at = rate_free_at
-        else:
-            due_at = _secs(dt)
-        holders.append(
-            GroupTask(
-                _text(tid),
-                slot,
-                _int(attempt),
-                _int(max_attempts, 1),
-                _opt_text(consumer) if slot == "running" else None,
-                _secs(lease) if slot == "running" else None,
-                due_at,
-            )
-        )
+    holders = [_holder(h, now_ms, rate_free_at, beats) for h in row[16]]
     holders.sort(key=lambda t: (t.slot != "running", t.due_at or 0.0, t.id))
     running, ready, retry, held = (_int(n) for n in row[17])
     line_head = _opt_text(row[12])
@@ -239,6 +323,9 @@ def _group(
             waiting_dts.append(_int(dt))
         if head is None:
             head = GroupTask(line_head, "line", _int(attempt), _int(max_attempts, 1))
+    first_due, horizon = (
+        (_secs(row[18]), _secs(row[19])) if len(row) > 19 else (None, None)
+    )
     info = GroupInfo(
         group=name,
         state=GroupState.IDLE,
@@ -261,8 +348,9 @@ def _group(
         full=bool(mx) and k + d + w >= mx,
         consumers_alive=alive,
         now=now,
+        next_due_at=first_due,
     )
-    state, reason = _why(info, ready=ready, retry=retry, held=held)
+    state, reason = _why(info, ready=ready, retry=retry, held=held, horizon=horizon)
     return _replace(info, state, reason)
 
 
@@ -284,11 +372,103 @@ def _in(now: float, then: float | None) -> str:
     return f"in {span_text(then - now)}" if then > now else "now"
 
 
+def _at(then: float) -> str:
+    """A server time of day, UTC (the times these sentences name are within
+    hours of now)."""
+    return datetime.fromtimestamp(then, UTC).strftime("%H:%M:%SZ")
+
+
+def stall_text(
+    now: float,
+    subject: str,
+    consumer_alive: bool | None,
+    heartbeat: float | None,
+    lease_deadline: float | None,
+    consumers_alive: int,
+) -> str | None:
+    """Why a running task may be running no more: *subject* (its consumer,
+    named) stopped heartbeating, or the lease ran out; with when the lease
+    ends and what recovers the task. ``None`` while the consumer is alive and
+    the lease lasts."""
+    overdue = lease_deadline is not None and lease_deadline <= now
+    if consumer_alive and not overdue:
+        return None
+    if consumer_alive:
+        who = f"{subject} is alive but did not renew the lease"
+    elif heartbeat is not None:
+        who = f"{subject} stopped heartbeating {span_text(now - heartbeat)} ago"
+    else:
+        who = f"{subject} is not alive (not in the consumer registry)"
+    # The lease's end as a time of day, not "in 20s": the sentence stays
+    # the same from one read to the next while nothing changes.
+    if lease_deadline is None:
+        lease = "the lease is gone"
+    elif overdue:
+        lease = f"the lease ended at {_at(lease_deadline)}"
+    else:
+        lease = f"the lease ends at {_at(lease_deadline)}"
+    if consumers_alive == 0:
+        then = "no consumer is alive to recover the task: start one"
+    elif overdue or lease_deadline is None:
+        then = "the next claim recovers the task"
+    else:
+        then = "the first claim after that recovers the task"
+    return f"{who}; {lease}; {then}"
+
+
+def _stall(info: GroupInfo) -> str | None:
+    """The first running holder that may be running no more, said as
+    :func:`stall_text` says it (and how many more there are)."""
+    said = [
+        text
+        for h in info.holders
+        if h.slot == "running"
+        and h.consumer is not None
+        and (
+            text := stall_text(
+                info.now,
+                f"task {h.id}'s consumer {h.consumer}",
+                h.consumer_alive,
+                h.consumer_heartbeat,
+                h.lease_deadline,
+                info.consumers_alive,
+            )
+        )
+        is not None
+    ]
+    if not said:
+        return None
+    more = f" ({len(said) - 1} more running tasks are in the same case)"
+    return said[0] + (more if len(said) > 1 else "")
+
+
 def _why(
-    info: GroupInfo, *, ready: int, retry: int, held: int
+    info: GroupInfo,
+    *,
+    ready: int,
+    retry: int,
+    held: int,
+    horizon: float | None = None,
+) -> tuple[GroupState, str]:
+    state, reason = _why_state(
+        info, ready=ready, retry=retry, held=held, horizon=horizon
+    )
+    stall = _stall(info)
+    if stall is None:
+        return state, reason
+    if state == GroupState.RUNNING:  # instead of its consumer and lease
+        return state, f"{info.running} running, but {stall}"
+    if state == GroupState.AT_CAP:
+        return state, f"{reason}; but {stall}"
+    return state, f"{reason}; meanwhile {stall}"
+
+
+def _why_state(
+    info: GroupInfo, *, ready: int, retry: int, held: int, horizon: float | None
 ) -> tuple[GroupState, str]:
     now, g = info.now, info.group
     behind = f"; {info.backlog} more wait in line" if info.backlog else ""
+    nobody = "; no consumer is alive" if info.consumers_alive == 0 else ""
     head = info.head
     if info.halted_by is not None:
         why = f": {info.halted_reason}" if info.halted_reason else ""
@@ -319,7 +499,6 @@ def _why(
             f"{behind}"
         )
     if ready and head is not None:
-        nobody = "; no consumer is alive" if info.consumers_alive == 0 else ""
         return GroupState.READY, (
             f"task {head.id} is runnable since {_ago(now, head.due_at)} and waits "
             f"for a free consumer{nobody}{behind}"
@@ -339,8 +518,27 @@ def _why(
         )
         return GroupState.RUNNING, f"{info.running} running{where}"
     if info.delayed:
-        return GroupState.DELAYED, (f"{info.delayed} delayed tasks, none due yet")
+        return GroupState.DELAYED, _delayed(info, horizon, nobody)
     return GroupState.IDLE, "no live task"
+
+
+def _delayed(info: GroupInfo, horizon: float | None, nobody: str) -> str:
+    now, due, n = info.now, info.next_due_at, info.delayed
+    if due is not None and due <= now:
+        return (
+            f"{n} delayed tasks: the first was due {span_text(now - due)} ago "
+            f"(at {_at(due)}) and the next claim makes it runnable{nobody}"
+        )
+    if due is not None:
+        return (
+            f"{n} delayed tasks, none due yet: the first is due "
+            f"{_in(now, due)} (at {_at(due)})"
+        )
+    if horizon is not None:
+        return (
+            f"{n} delayed tasks, none due before {_at(horizon)} ({_in(now, horizon)})"
+        )
+    return f"{n} delayed tasks, none due yet"
 
 
 # -- consumers -----------------------------------------------------------------
@@ -361,22 +559,28 @@ async def consumer_list(
 async def task_details(
     client: Client, keys: QueueKeys, task_id: str
 ) -> TaskDetails | None:
-    """One task as seen now, ``None`` if there is no such task."""
+    """One task as seen now, ``None`` if there is no such task. For a live
+    task the consumer registry is read too (its consumer, or whether any
+    consumer is alive): one more round trip."""
     reply = await TASK_INFO(client, keys, (), (task_id,))
     if not reply:
         return None
-    now_ms, raw, lease, due, _, pttl, mark, ahead = reply
+    now_ms, raw, lease, due, _, pttl, mark, ahead, queue_paused, facts = reply
     f = _pairs(raw)
     state_text = _text(f.get("s") or b"")
     try:
         state = TaskState(state_text)
     except ValueError:
         raise CorruptTaskError(task_id, f"unknown state {state_text!r}") from None
-    task_type, enqueued_at, payload = None, None, None
+    # An ended task keeps these in one small field (lib/ends.lua); a live
+    # one or a dead letter has its envelope.
+    task_type, enqueued_at, payload_size = _identity(f.get("i"))
+    payload = None
     if f.get("e") is not None:
         try:
             envelope = unpack(bytes(f["e"]))
             task_type, enqueued_at = envelope.type, envelope.enqueued_ms / 1000 or None
+            payload_size = len(envelope.payload)
             payload = msgspec.msgpack.decode(envelope.payload)
         except Exception:  # noqa: BLE001, S110 - any stored bytes: shown as unknown
             pass
@@ -385,8 +589,26 @@ async def task_details(
         slot = _SLOTS.get(_text(mark), "running")
     elif ahead is not None:
         slot = "line"
+    consumer = _opt_text(f.get("c"))
+    alive: int | None = None
+    consumer_alive: bool | None = None
+    heartbeat: float | None = None
+    if state in (TaskState.QUEUED, TaskState.RUNNING):
+        running = consumer if state == TaskState.RUNNING else None
+        beats, alive = await registry_beats(
+            client, keys, [running] if running else [], now_ms=_int(now_ms)
+        )
+        if running is not None:
+            gone_ms, beat_ms = beats.get(running, (None, None))
+            consumer_alive = gone_ms is not None and gone_ms >= _int(now_ms)
+            heartbeat = None if beat_ms is None else beat_ms / 1000
+    group_paused, halted_by, rate_free_at = False, None, None
+    if facts:
+        group_paused, halted_by = facts[0] == 1, _opt_text(facts[1])
+        rate_free_at = _secs(facts[2])
     ended = state not in (TaskState.QUEUED, TaskState.DELAYED, TaskState.RUNNING)
-    return TaskDetails(
+    blocked = queue_paused == 1 or group_paused or halted_by is not None
+    details = TaskDetails(
         id=task_id,
         state=state,
         type=task_type,
@@ -394,10 +616,10 @@ async def task_details(
         priority=_int(f.get("p")),
         attempt=_int(f.get("a")),
         max_attempts=_int(f.get("m"), 1),
-        consumer=_opt_text(f.get("c")),
+        consumer=consumer,
         lease_deadline=_secs(lease) if state == TaskState.RUNNING else None,
-        due_at=_secs(due),
-        runnable_since=_secs(f.get("dt")),
+        due_at=rate_free_at if slot == "held" and not blocked else _secs(due),
+        runnable_since=None if state == TaskState.DELAYED else _secs(f.get("dt")),
         enqueued_at=enqueued_at,
         ended_at=_secs(f.get("ft")),
         expires_at=_secs(f.get("xp")),
@@ -410,6 +632,109 @@ async def task_details(
         has_result=f.get("r") is not None,
         kept_for=_int(pttl) / 1000 if ended and _int(pttl) > 0 else None,
         now=_int(now_ms) / 1000,
+        payload_size=payload_size,
+        consumer_alive=consumer_alive,
+        consumer_heartbeat=heartbeat,
+    )
+    reason = _task_reason(
+        details,
+        queue_paused=queue_paused == 1,
+        group_paused=group_paused,
+        halted_by=halted_by,
+        alive=alive,
+    )
+    return dataclasses.replace(details, reason=reason)
+
+
+def _identity(value: Any) -> tuple[str | None, float | None, int | None]:
+    """An ended task's ``i`` field: its type, enqueue time and payload size."""
+    if value is None:
+        return None, None, None
+    enqueued, size, task_type = [*_text(value).split(" ", 2), "", ""][:3]
+    return task_type or None, _secs(enqueued or None), _opt_int(size or None)
+
+
+def _task_reason(
+    t: TaskDetails,
+    *,
+    queue_paused: bool,
+    group_paused: bool,
+    halted_by: str | None,
+    alive: int | None,
+) -> str:
+    """Why the task runs, waits, or ended: one sentence, as for a group."""
+    now, g = t.now, t.group
+    if t.state == TaskState.DEAD:
+        halts = f"; its group {g} is halted behind it" if halted_by == t.id else ""
+        return (
+            f"dead-lettered {_ago(now, t.ended_at)}: requeue or purge it "
+            f"(aiogroupq dead requeue {t.id}){halts}"
+        )
+    if t.state not in (TaskState.QUEUED, TaskState.DELAYED, TaskState.RUNNING):
+        kept = (
+            f"; its state is kept {span_text(t.kept_for)} more"
+            if t.kept_for is not None
+            else ""
+        )
+        return f"{t.state} {_ago(now, t.ended_at)}{kept}"
+    if t.state == TaskState.RUNNING:
+        stall = stall_text(
+            now,
+            f"its consumer {t.consumer}",
+            t.consumer_alive,
+            t.consumer_heartbeat,
+            t.lease_deadline,
+            alive or 0,
+        )
+        if stall is not None:
+            return f"running, but {stall}"
+        return (
+            f"running on consumer {t.consumer} (attempt {t.attempt} of "
+            f"{t.max_attempts}); its lease ends {_in(now, t.lease_deadline)}"
+        )
+    blocker = None
+    if queue_paused:
+        blocker = "the whole queue is paused (aiogroupq resume)"
+    elif halted_by is not None:
+        blocker = (
+            f"its group {g} is halted behind dead task {halted_by}: requeue or "
+            f"purge it, or release the group (aiogroupq release {g})"
+        )
+    elif group_paused:
+        blocker = f"its group {g} is paused (aiogroupq resume {g})"
+    if t.state == TaskState.DELAYED:
+        if t.due_at is not None and t.due_at <= now:
+            when = (
+                f"was due {span_text(now - t.due_at)} ago (at {_at(t.due_at)}): "
+                "the next claim makes it runnable"
+            )
+        else:
+            when = f"is due {_in(now, t.due_at)}"
+            if t.due_at is not None:
+                when += f" (at {_at(t.due_at)})"
+        text = (
+            f"attempt {t.attempt} of {t.max_attempts} failed; its retry {when}"
+            if t.slot == "retry"
+            else f"delayed: it {when}"
+        )
+        return text + (
+            f"; even then it does not start while {blocker}" if blocker else ""
+        )
+    before = ""
+    if t.position == 1:
+        before = "; 1 task of its group goes before it"
+    elif t.position:
+        before = f"; {t.position} tasks of its group go before it"
+    if blocker is not None:
+        return f"it does not start while {blocker}{before}"
+    if t.slot == "held":
+        return f"its group's rate limit is used up: it may start {_in(now, t.due_at)}"
+    if t.slot == "line":
+        return f"waits in its group's line{before}"
+    nobody = "; no consumer is alive" if alive == 0 else ""
+    return (
+        f"runnable since {_ago(now, t.runnable_since)} and waits for a free "
+        f"consumer{nobody}"
     )
 
 

@@ -3,11 +3,13 @@ progress, and JSON (no dependency beyond msgspec)."""
 
 from __future__ import annotations
 
+import shutil
 import sys
+import textwrap
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import IO, TYPE_CHECKING, Any, Final
+from typing import IO, TYPE_CHECKING, Any, Final, Literal
 
 import msgspec
 
@@ -25,6 +27,9 @@ if TYPE_CHECKING:
 
 #: characters of a reason or payload shown in a table cell
 CELL: Final = 60
+#: the narrowest a table's last column is wrapped to, however narrow the
+#: terminal (narrower, a sentence would be a word per line)
+MIN_LAST: Final = 24
 
 
 def count(n: int) -> str:
@@ -63,8 +68,28 @@ def short(text: str | None, width: int = CELL) -> str:
     return line if len(line) <= width else line[: width - 1] + "…"
 
 
-def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
-    """Columns padded to their widest cell; numbers aligned right."""
+def terminal_width(stream: IO[str] | None = None) -> int | None:
+    """The columns a table is fitted to: the terminal's width (``COLUMNS``
+    if set) when *stream* (stdout by default) is a terminal; ``None``, no
+    limit, when it is not (a file or a pipe gets whole lines)."""
+    stream = stream or sys.stdout
+    try:
+        tty = stream.isatty()
+    except (AttributeError, ValueError):  # no file behind it, or closed
+        tty = False
+    return shutil.get_terminal_size().columns if tty else None
+
+
+def table(
+    headers: Sequence[str],
+    rows: Iterable[Sequence[object]],
+    *,
+    width: int | Literal["terminal"] | None = "terminal",
+) -> str:
+    """Columns padded to their widest cell; numbers aligned right. The last
+    column (a reason, as a rule) is wrapped onto more lines to fit *width*
+    characters, never cut; ``"terminal"``: :func:`terminal_width`, ``None``:
+    one line per row however long."""
     cells = [[str(c) for c in row] for row in rows]
     numeric = [
         all(_is_number(row[i]) for row in cells) and bool(cells)
@@ -73,15 +98,32 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
     widths = [
         max([len(h), *(len(row[i]) for row in cells)]) for i, h in enumerate(headers)
     ]
+    limit = terminal_width() if width == "terminal" else width
+    if limit is not None and headers:
+        room = limit - sum(widths[:-1]) - 2 * (len(headers) - 1)
+        widths[-1] = min(widths[-1], max(room, MIN_LAST, len(headers[-1])))
 
-    def line(row: Sequence[str]) -> str:
-        parts = [
-            c.rjust(w) if num else c.ljust(w)
-            for c, w, num in zip(row, widths, numeric, strict=True)
-        ]
-        return "  ".join(parts).rstrip()
+    def lines(row: Sequence[str]) -> list[str]:
+        last = row[-1]
+        pieces = [last]
+        if len(last) > widths[-1]:
+            pieces = textwrap.wrap(
+                last, widths[-1], break_long_words=True, break_on_hyphens=False
+            ) or [last]
+        out = []
+        for n, piece in enumerate(pieces):
+            shown = [*row[:-1], piece] if n == 0 else ["" for _ in row[:-1]] + [piece]
+            parts = [
+                c.rjust(w) if num and n == 0 else c.ljust(w)
+                for c, w, num in zip(shown, widths, numeric, strict=True)
+            ]
+            out.append("  ".join(parts).rstrip())
+        return out
 
-    return "\n".join([line(list(headers)), *(line(row) for row in cells)])
+    out = lines(list(headers))
+    for row in cells:
+        out += lines(row)
+    return "\n".join(out)
 
 
 def _is_number(text: str) -> bool:
@@ -117,7 +159,7 @@ def render_stats(stats: QueueStats, rates: Mapping[str, float] | None = None) ->
     rows: list[tuple[str, str, str] | str] = [
         "tasks",
         ("ready", count(stats.ready), "waiting for a consumer"),
-        ("parked", count(stats.parked), "in their groups' lines"),
+        ("parked", count(stats.parked), "in the lines of busy groups"),
         ("held", count(stats.held), "held back: group paused, halted or out of rate"),
         ("delayed", count(stats.delayed), f"next due {_due(stats.next_due_in)}"),
         ("running", count(stats.running), ""),
@@ -171,7 +213,7 @@ def group_row(info: GroupInfo) -> tuple[object, ...]:
         count(info.running),
         count(info.backlog),
         span(info.oldest_age),
-        short(info.reason, 100),
+        " ".join(info.reason.split()) or "-",  # whole: table() wraps it
     )
 
 
@@ -204,7 +246,7 @@ def render_group(info: GroupInfo) -> str:
                 ("running", f"{info.running} of concurrency {info.concurrency}"),
                 ("next", head),
                 ("in line", count(info.backlog) + since),
-                ("delayed", count(info.delayed)),
+                ("delayed", count(info.delayed) + _first_due(info)),
                 ("oldest waiting", span(info.oldest_age)),
                 ("rate limit", rate),
                 ("max size", size),
@@ -216,6 +258,12 @@ def render_group(info: GroupInfo) -> str:
     if info.holders:
         out += ["slot holders", _indent(holder_table(now, info.holders))]
     return "\n".join(out)
+
+
+def _first_due(info: GroupInfo) -> str:
+    if info.next_due_at is None:
+        return ""
+    return f" (the first due {until(info.now, info.next_due_at)})"
 
 
 def _paused(info: GroupInfo) -> str:
@@ -232,7 +280,7 @@ def holder_table(now: float, holders: Sequence[GroupTask]) -> str:
             h.id,
             h.slot,
             f"{h.attempt}/{h.max_attempts}",
-            h.consumer or "-",
+            consumer_text(now, h.consumer, h.consumer_alive, h.consumer_heartbeat),
             until(now, h.lease_deadline)
             if h.slot == "running"
             else until(now, h.due_at),
@@ -240,6 +288,19 @@ def holder_table(now: float, holders: Sequence[GroupTask]) -> str:
         for h in holders
     ]
     return table(("TASK", "SLOT", "ATTEMPT", "CONSUMER", "LEASE ENDS / DUE"), rows)
+
+
+def consumer_text(
+    now: float, name: str | None, alive: bool | None, heartbeat: float | None
+) -> str:
+    """A running task's consumer, marked when it is not alive."""
+    if name is None:
+        return "-"
+    if alive is not False:
+        return name
+    if heartbeat is None:
+        return f"{name} (not alive)"
+    return f"{name} (not alive: silent {span(now - heartbeat)})"
 
 
 def _indent(text: str) -> str:
@@ -257,12 +318,13 @@ def render_task(t: TaskDetails) -> str:
         )
     pairs: list[tuple[str, object]] = [
         ("state", t.state + (" (cancellation requested)" if t.cancel_requested else "")),
+        ("why", t.reason or "-"),
         ("type", t.type or "-"),
         ("group", t.group or "-"),
         ("place", where),
         ("attempt", f"{t.attempt} of {t.max_attempts}"),
         ("priority", t.priority),
-        ("consumer", t.consumer or "-"),
+        ("consumer", consumer_text(now, t.consumer, t.consumer_alive, t.consumer_heartbeat)),
         ("lease ends", until(now, t.lease_deadline)),
         ("due", until(now, t.due_at)),
         ("runnable since", ago(now, t.runnable_since)),
@@ -272,12 +334,30 @@ def render_task(t: TaskDetails) -> str:
         ("error", t.error or "-"),
         ("result stored", "yes" if t.has_result else "no"),
         ("state kept for", span(t.kept_for) if t.kept_for is not None else "-"),
-        ("payload", short(repr(t.payload), 200)),
+        ("payload size", size_text(t.payload_size)),
+        ("payload", _payload(t)),
     ]  # fmt: skip
     out = [f"task {t.id}", fields(pairs)]
     if t.traceback:
         out += ["traceback", _indent(t.traceback.rstrip())]
     return "\n".join(out)
+
+
+def _payload(t: TaskDetails) -> str:
+    if t.state in ("succeeded", "cancelled", "expired"):
+        return "- (not kept once a task ends; its size is)"
+    return short(repr(t.payload), 200)
+
+
+def size_text(size: int | None) -> str:
+    """A size in bytes for people: 512 B, 1.5 KiB, 2.0 MiB; '-' if unknown."""
+    if size is None:
+        return "-"
+    if size < 1024:
+        return f"{size} B"
+    if size < 1024 * 1024:
+        return f"{size / 1024:.1f} KiB"
+    return f"{size / (1024 * 1024):.1f} MiB"
 
 
 DEAD_HEADERS: Final = ("TASK", "TYPE", "GROUP", "ATTEMPTS", "DEAD SINCE", "REASON")

@@ -96,6 +96,10 @@ class GroupTask:
     :ivar lease_deadline: when a running task's lease runs out unless renewed
     :ivar due_at: when it may start: its retry's due time, the moment the rate
         limit frees, or when it became runnable (already due)
+    :ivar consumer_alive: for a running task, whether its consumer is alive
+        (it sent a heartbeat within its lease); ``None`` otherwise
+    :ivar consumer_heartbeat: for a running task, its consumer's latest
+        heartbeat, if the registry still has it
     """
 
     id: str
@@ -105,6 +109,8 @@ class GroupTask:
     consumer: str | None = None
     lease_deadline: float | None = None
     due_at: float | None = None
+    consumer_alive: bool | None = None
+    consumer_heartbeat: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +119,9 @@ class GroupInfo:
 
     :ivar group: the group key
     :ivar state: what the group is doing, or waiting for
-    :ivar reason: one sentence that explains *state* with the figures
+    :ivar reason: one sentence that explains *state* with the figures; it
+        also says when a running task's consumer stopped heartbeating (or
+        its lease ran out), when that lease ends and what recovers the task
     :ivar running: its tasks running now
     :ivar backlog: its tasks waiting in line behind the slot holders
     :ivar delayed: its tasks still in their first delay (not in line yet)
@@ -133,6 +141,9 @@ class GroupInfo:
     :ivar full: it holds *max_size* live tasks: enqueues are refused
     :ivar consumers_alive: live consumers of the queue
     :ivar now: the server's clock when it was read
+    :ivar next_due_at: when its first delayed task is due, for a group whose
+        only tasks are delayed ones (found among the queue's first 1,000
+        delayed tasks), else ``None``
     """
 
     group: str
@@ -156,6 +167,7 @@ class GroupInfo:
     full: bool
     consumers_alive: int
     now: float
+    next_due_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,7 +221,11 @@ class QueueStats:
     :ivar paused: the whole queue is paused
     :ivar ready: tasks runnable now, waiting for a consumer
     :ivar parked: tasks waiting in their groups' lines behind busy groups
-    :ivar held: runnable tasks held back (group paused, halted or out of rate)
+    :ivar held: tasks held back by their group: all the waiting tasks of
+        paused and halted groups (their lines and next tasks), and the next
+        tasks of groups out of their rate. The lines of at most 1,000 paused
+        and 1,000 halted groups are looked at; beyond them, their tasks count
+        as ready or parked
     :ivar delayed: tasks waiting for a due time (delays and retry backoffs)
     :ivar running: tasks running now
     :ivar dead: dead letters kept
@@ -273,8 +289,8 @@ class TaskDetails:
 
     :ivar id: the task id
     :ivar state: its state
-    :ivar type: its task type (``None`` once it succeeded or was cancelled:
-        the envelope is dropped then)
+    :ivar type: its task type (``None`` only if its stored envelope is
+        unreadable)
     :ivar group: its group, or ``None``
     :ivar priority: its priority (0 to 9)
     :ivar attempt: attempts started
@@ -282,8 +298,9 @@ class TaskDetails:
     :ivar consumer: the consumer running it, if it runs
     :ivar lease_deadline: when its lease runs out unless renewed, if it runs
     :ivar due_at: when a delayed task (or a retry) is due
-    :ivar runnable_since: when it last became runnable
-    :ivar enqueued_at: the producer's clock at enqueue, if the envelope is kept
+    :ivar runnable_since: when it last became runnable; ``None`` while it
+        waits for a due time, and once it ended (a dead letter keeps it)
+    :ivar enqueued_at: the producer's clock at enqueue
     :ivar ended_at: when it ended, if it did
     :ivar expires_at: the time before which it must start, if it has one
     :ivar error: the last error (a retry's) or the dead-letter reason
@@ -293,11 +310,20 @@ class TaskDetails:
         ``None``
     :ivar position: tasks of its group before it: 0 for a running task or its
         group's next; ``None`` when it does not wait in a group's order
-    :ivar payload: its payload as builtins, if the envelope is kept and decodes
+    :ivar payload: its payload as builtins, while the task lives or is a
+        dead letter (an ended task keeps only its size), if it decodes
     :ivar has_result: a result is stored (``Producer.result``)
     :ivar kept_for: seconds before an ended task's state expires; ``None``
         while it lives or for a dead letter (kept until purged)
     :ivar now: the server's clock when it was read
+    :ivar reason: one sentence that says why it runs, waits or ended: its
+        group paused or halted, its due time, its place in line, its
+        consumer gone silent, ...
+    :ivar payload_size: its encoded payload's size in bytes, if known
+    :ivar consumer_alive: for a running task, whether its consumer is alive;
+        ``None`` otherwise
+    :ivar consumer_heartbeat: for a running task, its consumer's latest
+        heartbeat, if the registry still has it
     """
 
     id: str
@@ -323,6 +349,10 @@ class TaskDetails:
     has_result: bool
     kept_for: float | None
     now: float
+    reason: str = ""
+    payload_size: int | None = None
+    consumer_alive: bool | None = None
+    consumer_heartbeat: float | None = None
 
 
 def span_text(seconds: float) -> str:

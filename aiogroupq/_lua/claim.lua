@@ -29,7 +29,8 @@
            last attempt, damaged keys), for the consumer's on_dead
            problems: damaged keys met (entries dropped), to log
            expired ids: tasks this call ended "expired" (for metrics)
-           due: when the task became runnable (server ms)
+           due: when the task became runnable (server ms): its enqueue, the
+           end of its delay or retry backoff, its group's turn
            max_attempts: the task's own (the hash's, which recovery uses)
   Effects: (a) each expired lease's task goes back to the front as its
            group's continuation (or, past its last attempt, is
@@ -40,7 +41,8 @@
            in the consumer's recovery key; unless its group is paused or
            halted, or its group's rate is used up (held aside, the rate with
            a "~<group>" member of the delayed ZSET due when it frees), or it
-           expired (ended "expired").
+           expired (ended "expired"). A grouped task's claim time goes in its
+           hash (cl), for a pause of its group to wait on (control.lua).
   Flags: allow-oom, so that a full Redis still drains: a claim adds about
   150 bytes per task, which the task's finish frees.
 ]]
@@ -134,7 +136,10 @@ local function not_an_id(id, where)
   return true
 end
 
-local function promote(id)
+-- *due* is the entry's score: when the task became runnable again, which
+-- a retry's or a delayed task's pickup latency is measured from (not its
+-- first enqueue, nor this claim's promotion, which may come later).
+local function promote(id, due)
   redis.call('ZREM', K_DELAYED, id)
   if string.sub(id, 1, 1) == RATE_WAKE then -- a rate-limited group may start again
     bump('ratewait', -1)
@@ -171,7 +176,7 @@ local function promote(id)
     else
       set_mark(G, id, '@')
       ready_push(id, true, group_level(G, level))
-      redis.call('HSET', key, 's', 'queued')
+      redis.call('HSET', key, 's', 'queued', 'dt', due)
       readied = readied + 1
     end
     return
@@ -184,11 +189,12 @@ local function promote(id)
   end
   local where = route(id, G, level)
   if not where then return bury_damaged(id, G, false, 'the line of group ' .. g .. ' is damaged') end
-  redis.call('HSET', key, 's', 'queued', 'dt', now)
+  redis.call('HSET', key, 's', 'queued', 'dt', due)
   if where == 'ready' then readied = readied + 1 end
 end
-for _, id in ipairs(redis.call('ZRANGEBYSCORE', K_DELAYED, '-inf', now, 'LIMIT', 0, promote_limit)) do
-  promote(id)
+local due_now = redis.call('ZRANGEBYSCORE', K_DELAYED, '-inf', now, 'WITHSCORES', 'LIMIT', 0, promote_limit)
+for i = 1, #due_now, 2 do
+  promote(due_now[i], tonumber(due_now[i + 1]) or now)
 end
 
 -- (c) Claim from the front of the ready list.
@@ -256,7 +262,13 @@ local function take(id)
     set_mark(G, id, token)
     if G.rn then rate_record(G, now) end
   end
-  redis.call('HSET', key, 's', 'running', 'k', token, 'c', consumer, 'a', attempt + 1)
+  if G then
+    -- cl: a pause of the group waits out the start window of its latest
+    -- claim (control.lua), after which a consumer no longer starts it.
+    redis.call('HSET', key, 's', 'running', 'k', token, 'c', consumer, 'a', attempt + 1, 'cl', now)
+  else
+    redis.call('HSET', key, 's', 'running', 'k', token, 'c', consumer, 'a', attempt + 1)
+  end
   if xp then redis.call('HDEL', key, 'xp') end
   redis.call('ZADD', K_LEASES, now + lease_ms, id)
   redis.call('SADD', inflight, id)

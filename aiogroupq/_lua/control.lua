@@ -9,7 +9,9 @@
                               group leaves to the queue's default): c
                               concurrency, rn starts per rp ms (rn 0: no
                               limit), mx most live tasks, pr default priority
-    "pause" g / "resume" g    stop / restart starting group g's tasks
+    "pause" g [w]             stop starting group g's tasks; w: the start
+                              window in ms (see returns)
+    "resume" g                restart starting group g's tasks
     "queue" fair c rn rp age  replace the queue's settings ("" for the
                               default): fair "drain" or "" (round-robin),
                               c default group concurrency, rn/rp default
@@ -18,7 +20,11 @@
     "refill" g1 g2 ...        give free slots of these groups to their lines
                               (after the defaults changed; callers send the
                               groups with a line, a few hundred per call)
-  returns  how many tasks became runnable
+  returns  how many tasks became runnable; for "pause" with w, instead, the
+           ms to wait until no task of g claimed before the pause can start:
+           a consumer starts a claimed task of a group only within w of its
+           claim (else hands it back), so past the latest claim time (cl) of
+           g's running tasks + w, every one of them started or never will
   errors   "aiogroupq corrupt <key>: ..." if a key it needs is damaged
 ]]
 --- @include "base"
@@ -36,7 +42,26 @@ local function loaded(g)
   return G
 end
 
-local readied = 0
+-- Ms until the tasks of g claimed so far are past their start window: the
+-- latest claim time among its running slot holders (their marks are their
+-- fencing tokens) + window, from now; 0 if none is within it. A damaged
+-- group hash holds no claim we could wait for (check reports it).
+local function start_wait(g, window)
+  local st = redis.pcall('HGETALL', k_group(g))
+  if wrong_type(st) then return 0 end
+  local latest = nil
+  for i = 1, #st, 2 do
+    if string.sub(st[i], 1, 2) == 'h:' and tonumber(st[i + 1]) then
+      local cl = tonumber(task_field(string.sub(st[i], 3), 'cl'))
+      if cl and (not latest or cl > latest) then latest = cl end
+    end
+  end
+  if not latest then return 0 end
+  -- + 1: the claim and this call read the clock rounded down to the ms.
+  return math.max(0, latest + window + 1 - now_ms())
+end
+
+local readied, wait = 0, nil
 if op == 'group' then
   local g = ARGV[3]
   local key = k_gconf(g)
@@ -68,6 +93,8 @@ elseif op == 'pause' or op == 'resume' then
     redis.call('HSET', key, 'p', 1)
     redis.call('SADD', K_PAUSED, g)
     redis.call('HSET', K_CONF, 'gc', 1)
+    local window = tonumber(ARGV[4] or '')
+    if window and window > 0 then wait = start_wait(g, window) end
   else
     redis.call('HDEL', key, 'p')
     redis.call('SREM', K_PAUSED, g)
@@ -103,4 +130,4 @@ else
 end
 flush()
 if readied > 0 then wake(readied) end
-return readied
+return wait or readied

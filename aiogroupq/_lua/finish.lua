@@ -94,7 +94,8 @@ local function apply(id, token, kind, arg1, arg2, f)
     bump('retried', 1)
     if delay <= 0 then
       continue_front(G, id, tonumber(f[8]) or 0)
-      redis.call('HSET', key, 's', 'queued')
+      -- Runnable again now: its pickup latency starts here, not at enqueue.
+      redis.call('HSET', key, 's', 'queued', 'dt', now)
       readied = readied + 1
     else
       if G then set_mark(G, id, 'r') end

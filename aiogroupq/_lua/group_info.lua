@@ -13,7 +13,10 @@
     "halted" cursor count      halted groups (an SSCAN step)
     "paused" cursor count      paused groups (an SSCAN step)
   returns  {now, queue paused, consumers alive, next cursor or -1,
-            {group description (describe() in lib/inspect.lua)}, ...}
+            {group description (describe() in lib/inspect.lua), then when
+             its first delayed task is due and, if that is not known, the
+             time before which none is (both false unless the group has
+             only delayed tasks)}, ...}
            The listings take at most count groups per call (a page), so no
            call walks every group.
   errors   "aiogroupq corrupt <key>: ..." if a fixed key it reads is damaged
@@ -47,6 +50,25 @@ else
     return redis.error_reply('ERR aiogroupq group_info: unknown operation ' .. tostring(op))
   end
 end
-local out = { now, conf().paused and 1 or 0, redis.call('ZCOUNT', K_CONSUMERS, now, '+inf'), next_cursor }
-for _, g in ipairs(names) do out[#out + 1] = describe(g) end
+local queue_paused = conf().paused
+local out = { now, queue_paused and 1 or 0, redis.call('ZCOUNT', K_CONSUMERS, now, '+inf'), next_cursor }
+local rows, only_delayed = {}, {}
+for _, g in ipairs(names) do
+  local row = describe(g)
+  rows[#rows + 1] = row
+  out[#out + 1] = row
+  -- k, d, w, halted, paused: a group whose only tasks are delayed ones
+  if row[2] and row[2] == 0 and row[3] > 0 and row[4] == 0 and not row[5]
+      and row[7] == 0 and not queue_paused then
+    only_delayed[g] = true
+  end
+end
+local dues, horizon = first_dues(only_delayed)
+for _, row in ipairs(rows) do
+  if row[2] then
+    local due = only_delayed[row[1]] and dues[row[1]] or false
+    row[#row + 1] = due
+    row[#row + 1] = only_delayed[row[1]] and not due and horizon or false
+  end
+end
 return out

@@ -8,10 +8,13 @@
   returns  {} if there is no such task, else {now, {field, value, ...} of
            its hash, lease deadline, due time (delayed ZSET), dead since,
            ms left before the hash expires (-1: kept until purged), its
-           group's slot mark, tasks of its group before it}
-           The last is false unless the task waits in its group's order:
-           0 for a slot holder (running, or next to run), else the group's
-           slot holders plus its place in the group's line (LPOS: O(line)).
+           group's slot mark, tasks of its group before it, queue paused,
+           its group: {paused, the dead task it is halted behind, when its
+           rate frees} or false}
+           Tasks before it: false unless the task waits in its group's
+           order: 0 for a slot holder (running, or next to run), else the
+           group's slot holders plus its place in the group's line (LPOS:
+           O(line)).
   errors   "aiogroupq corrupt <key>: ..." if the task's hash is damaged
 ]]
 --- @include "base"
@@ -23,10 +26,11 @@ local fields = redis.pcall('HGETALL', key)
 if wrong_type(fields) then return corrupt(key, fields.err) end
 if #fields == 0 then return {} end
 local s, g = redis.call('HGET', key, 's'), redis.call('HGET', key, 'g')
-local mark, ahead = false, false
+local mark, ahead, facts = false, false, false
 if g then
   local G = group(g)
   if G then
+    facts = { G.paused and 1 or 0, G.halted or false, score(K_DELAYED, RATE_WAKE .. g) }
     mark = redis.call('HGET', G.key, 'h:' .. id) or false
     if mark then
       ahead = 0
@@ -37,4 +41,4 @@ if g then
   end
 end
 return { now_ms(), fields, score(K_LEASES, id), score(K_DELAYED, id), score(K_DEAD, id),
-  redis.call('PTTL', key), mark, ahead }
+  redis.call('PTTL', key), mark, ahead, conf().paused and 1 or 0, facts }

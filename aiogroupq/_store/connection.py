@@ -21,7 +21,7 @@ import logging
 import os
 import random
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Final, TypeVar
 
@@ -29,6 +29,7 @@ import anyio
 import redis.exceptions as rexc
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.connection import AbstractConnection, parse_url
 from redis.asyncio.retry import Retry
 from redis.backoff import FullJitterBackoff, NoBackoff
 
@@ -82,12 +83,17 @@ class BoundedRetry(Retry):
     Every command, pipeline and connect of a client goes through
     :meth:`call_with_retry`, so the budget bounds each round trip, however the
     server fails: refusing connections (retried with backoff), or frozen
-    (connections accepted by the kernel, no reply ever).
+    (connections accepted by the kernel, no reply ever). When the budget runs
+    out, the error names the server and the last failure retried.
+
+    :param where: the server's ``host:port``, for the message when the
+        budget runs out
     """
 
-    def __init__(self, retries: int, *, budget: float) -> None:
+    def __init__(self, retries: int, *, budget: float, where: str = "Redis") -> None:
         super().__init__(FullJitterBackoff(cap=1.0, base=0.05), retries)
         self.budget = budget
+        self.where = where
 
     async def call_with_retry(
         self,
@@ -102,6 +108,7 @@ class BoundedRetry(Retry):
                 await cleanup
             if isinstance(error, NOT_TRANSIENT):
                 raise error
+            _failures.note_failure(error)
 
         async def attempt() -> T:
             # redis-py < 5.1 connects inside this retry but lets the socket's
@@ -116,15 +123,14 @@ class BoundedRetry(Retry):
         # asyncio's own timeout, not an anyio scope: this runs twice per
         # command (redis-py 8 sends every command's connect through it too),
         # and an anyio scope cost a producer's enqueue about a tenth of its CPU.
+        _failures.forget_failures()
         try:
             async with asyncio.timeout(self.budget) as budget:
                 return await super().call_with_retry(attempt, failed, *args, **kwargs)
         except TimeoutError:
             if not budget.expired():
                 raise
-        # Not a builtin TimeoutError: Producer.result raises that for its own
-        # timeout, and this one must become RedisUnavailableError.
-        raise rexc.TimeoutError(f"no reply from Redis within {self.budget:g} s")
+        raise _failures.BudgetSpent(_failures.gave_up(self.where, self.budget))
 
 
 def _connection_kwargs(client: Client) -> dict[str, Any]:
@@ -193,7 +199,7 @@ class _BoundedCluster(_OwnCluster):
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         parent = super().execute_command
-        return await _resend_within_budget(lambda: parent(*args, **dict(kwargs)))
+        return await _resend_within_budget(self, lambda: parent(*args, **dict(kwargs)))
 
 
 async def resent_on_failover(client: Client, call: Callable[[], Awaitable[T]]) -> T:
@@ -204,7 +210,7 @@ async def resent_on_failover(client: Client, call: Callable[[], Awaitable[T]]) -
     its own retry policy applies."""
     if not isinstance(client, _BoundedCluster):
         return await call()
-    return await _resend_within_budget(call)
+    return await _resend_within_budget(client, call)
 
 
 #: what a cluster failing over answers (and redis-py < 5.1's own socket
@@ -219,18 +225,35 @@ _FAILOVER_ERRORS: Final = (
 )
 
 
-async def _resend_within_budget(call: Callable[[], Awaitable[T]]) -> T:
+async def _resend_within_budget(
+    client: RedisCluster, call: Callable[[], Awaitable[T]]
+) -> T:
     backoff = 0.05
+    _failures.forget_failures()
     with anyio.move_on_after(CALL_BUDGET):
         while True:
             try:
                 return await call()
             except NOT_TRANSIENT:
                 raise
-            except _FAILOVER_ERRORS:
+            except _FAILOVER_ERRORS as exc:
+                _failures.note_failure(exc)
                 await anyio.sleep(random.uniform(backoff / 2, backoff))
                 backoff = min(backoff * 2, 1.0)
-    raise rexc.TimeoutError(f"no reply from Redis within {CALL_BUDGET:g} s")
+    raise _failures.BudgetSpent(_failures.gave_up(address_of(client), CALL_BUDGET))
+
+
+async def _handshake(connection: AbstractConnection) -> None:
+    """redis-py's handshake of a new connection, then a PING, so that a
+    server that wants credentials we lack refuses them there, with NOAUTH
+    (an AuthenticationError), whatever its version and redis-py's: redis-py 5
+    sends nothing in its handshake that Redis 7.0 refuses (Redis 7.0 does
+    not know CLIENT SETINFO), and Redis 7.0 answers a long command from a
+    client without credentials with a protocol error, then hangs up. One
+    round trip per new connection; PING is in every rule the docs give."""
+    await connection.on_connect()
+    await connection.send_command("PING", check_health=False)
+    await connection.read_response()
 
 
 def _cluster_from_url(url: str, kwargs: dict[str, object], *, retry: bool) -> Client:
@@ -361,11 +384,17 @@ def new_client(redis: object, *, retry: bool) -> Client:
             kwargs["retry"] = Retry(NoBackoff(), _CLUSTER_RESENDS if retry else 0)
             client = _cluster_from_url(redis, kwargs, retry=retry)
         else:
-            kwargs["retry"] = (
-                BoundedRetry(OWN_RETRIES, budget=CALL_BUDGET)
-                if retry
-                else Retry(NoBackoff(), 0)
-            )
+            if retry:
+                where = _url_address(redis)
+                kwargs["retry"] = BoundedRetry(
+                    OWN_RETRIES, budget=CALL_BUDGET, where=where
+                )
+                # redis-py 5 re-sends a command after a lost connection only
+                # for the errors listed here (later versions: the retry's).
+                kwargs["retry_on_error"] = [rexc.ConnectionError, rexc.TimeoutError]
+            else:
+                kwargs["retry"] = Retry(NoBackoff(), 0)
+            kwargs["redis_connect_func"] = _handshake
             client = Redis.from_url(redis, **kwargs)  # type: ignore[arg-type]
     except (ValueError, TypeError, rexc.RedisClusterException) as exc:
         raise ConfigurationError(
@@ -392,7 +421,7 @@ async def check_server(client: Client, *, eviction: bool = True) -> None:
     """
     with _failures.translated_errors():
         if isinstance(client, RedisCluster):
-            await _bounded(client.initialize)
+            await _bounded(client, client.initialize)
             for node in client.get_primaries():
                 # One after another: the first refusal is raised as it is
                 # (not in an ExceptionGroup), and primaries are few.
@@ -403,7 +432,7 @@ async def check_server(client: Client, *, eviction: bool = True) -> None:
         # The PING comes first so that a refused password or database
         # reads as such, not as the refusal of a later command.
         ping, hello, *policy = await _bounded(
-            functools.partial(_probe, client, eviction=eviction)
+            client, functools.partial(_probe, client, eviction=eviction)
         )
         if isinstance(ping, Exception):
             raise ping
@@ -421,7 +450,8 @@ async def _check_node(client: RedisCluster, node: ClusterNode, eviction: bool) -
     async def run(*args: Any) -> Any:
         try:
             return await _bounded(
-                functools.partial(client.execute_command, *args, target_nodes=node)
+                client,
+                functools.partial(client.execute_command, *args, target_nodes=node),
             )
         except rexc.ResponseError as exc:
             return exc
@@ -459,12 +489,13 @@ async def _probe(client: Redis, *, eviction: bool) -> list[Any]:
         return replies
 
 
-async def _bounded(call: Callable[[], Awaitable[T]]) -> T:
+async def _bounded(client: Client, call: Callable[[], Awaitable[T]]) -> T:
     # The consumer's own client neither bounds nor re-sends its calls (it
     # retries at its own layer), so its start-up checks are bounded here, and
     # tried again while connections are refused or dropped: a consumer
     # started during a Redis restart waits for it, as a producer's call does.
-    wait, detail = 0.05, "no reply"
+    wait = 0.05
+    _failures.forget_failures()
     with anyio.move_on_after(CALL_BUDGET):
         while True:
             try:
@@ -472,12 +503,11 @@ async def _bounded(call: Callable[[], Awaitable[T]]) -> T:
             except (rexc.ConnectionError, rexc.TimeoutError) as exc:
                 if isinstance(exc, NOT_TRANSIENT):
                     raise
-                detail = str(exc) or type(exc).__name__
+                _failures.note_failure(exc)
             await anyio.sleep(wait)
             wait = min(wait * 2, 1.0)
-    raise RedisUnavailableError(
-        f"no answer from Redis within {CALL_BUDGET:g} s ({detail})"
-    )
+    # A client's own BoundedRetry may have met the failures: it noted them.
+    raise RedisUnavailableError(_failures.gave_up(address_of(client), CALL_BUDGET))
 
 
 def _version(text: object) -> tuple[int, int] | None:
@@ -511,7 +541,7 @@ async def _info_version(client: Redis) -> tuple[int, int] | None:
     """The server's (major, minor) from INFO (HELLO refused: Redis < 6, or
     an ACL without it); None if no command may tell it."""
     try:
-        info: Any = await _bounded(functools.partial(client.info, "server"))
+        info: Any = await _bounded(client, functools.partial(client.info, "server"))
     except rexc.ResponseError:
         logger.warning(
             "could not read the server's version (HELLO and INFO refused); "
@@ -553,9 +583,30 @@ def _describe(client: Client) -> str:
     """host:port/db (or the socket path) of *client*, without credentials."""
     if isinstance(client, RedisCluster):
         return "the Redis Cluster"
-    kw = _connection_kwargs(client)
-    where = kw.get("path") or f"{kw.get('host', 'localhost')}:{kw.get('port', 6379)}"
-    return f"{where}/{kw.get('db', 0)}"
+    return f"{address_of(client)}/{_connection_kwargs(client).get('db', 0)}"
+
+
+def address_of(client: Client) -> str:
+    """Where *client* connects: ``host:port`` (or the socket path); a
+    cluster client's seed nodes. Never the credentials."""
+    if isinstance(client, RedisCluster):
+        seeds = ",".join(client.nodes_manager.startup_nodes) or "?"
+        return f"the Redis Cluster at {seeds}"
+    return _address(_connection_kwargs(client))
+
+
+def _url_address(url: str) -> str:
+    """``host:port`` (or the socket path) of a ``redis://`` URL."""
+    return _address(parse_url(url))
+
+
+def _address(kwargs: Mapping[str, Any]) -> str:
+    if path := kwargs.get("path"):
+        return str(path)
+    host = str(kwargs.get("host") or "localhost")
+    if ":" in host:  # an IPv6 address
+        host = f"[{host}]"
+    return f"{host}:{kwargs.get('port') or 6379}"
 
 
 async def check_replicas(client: Client) -> None:
@@ -567,7 +618,7 @@ async def check_replicas(client: Client) -> None:
     """
     with _failures.translated_errors():
         if isinstance(client, RedisCluster):
-            await _bounded(client.initialize)
+            await _bounded(client, client.initialize)
             targets: list[ClusterNode | None] = list(client.get_primaries())
         else:
             targets = [None]
@@ -575,17 +626,18 @@ async def check_replicas(client: Client) -> None:
             try:
                 if node is None:
                     info: Any = await _bounded(
-                        functools.partial(client.info, "replication")
+                        client, functools.partial(client.info, "replication")
                     )
                 else:
                     assert isinstance(client, RedisCluster)
                     info = await _bounded(
+                        client,
                         functools.partial(
                             client.execute_command,
                             "INFO",
                             "replication",
                             target_nodes=node,
-                        )
+                        ),
                     )
             except rexc.ResponseError as exc:
                 logger.warning(

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from .validate import REPLICA_WAIT_MS
+
 #: default ``max_payload_bytes``: 512 KiB of encoded MessagePack
 DEFAULT_MAX_PAYLOAD_BYTES: Final = 512 * 1024
 #: default ``max_attempts`` of a task
@@ -16,3 +18,9 @@ DEFAULT_RETENTION: Final = 3600.0
 #: most tasks one ``enqueue_many`` call takes: one atomic script call stays
 #: around 10 ms of Redis time
 MAX_BATCH: Final = 1000
+#: seconds after its claim was sent within which a task of a group may
+#: start; later, it goes back unstarted. Pausing a group waits out this
+#: window of the group's latest claim, so that nothing claimed before the
+#: pause starts after it returns. It covers a replicated claim's wait for
+#: its replica and leaves a second for a busy event loop.
+START_WINDOW: Final = REPLICA_WAIT_MS / 1000 + 1.0

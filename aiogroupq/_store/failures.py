@@ -13,8 +13,11 @@ client's retries or its budget becomes
 from __future__ import annotations
 
 import functools
+import os
+import socket
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Final, ParamSpec, TypeVar
 
 import redis.exceptions as rexc
@@ -56,7 +59,9 @@ def as_aiogroupq_error(exc: BaseException) -> AiogroupqError | None:
             detail = "the server needs a password and none was given"
         return AuthenticationError(detail)
     if isinstance(exc, rexc.NoPermissionError):
-        return PermissionDeniedError(str(exc))
+        # redis-py strips the reply's error code, which is what the docs and
+        # an operator's search go by (the wording differs between servers).
+        return PermissionDeniedError(f"NOPERM {exc}")
     if isinstance(exc, rexc.ResponseError) and "DB index" in str(exc):
         return ConfigurationError(
             f"Redis refused the database number in the URL ({exc}): use one "
@@ -73,6 +78,65 @@ def as_aiogroupq_error(exc: BaseException) -> AiogroupqError | None:
     if isinstance(exc, rexc.ConnectionError | rexc.TimeoutError | ConnectionError):
         return RedisUnavailableError(str(exc) or type(exc).__name__)
     return None
+
+
+def cause_of(exc: BaseException) -> str:
+    """Why a connection or a round trip failed, in a few words read from the
+    socket error behind *exc* (by its errno, not its message):
+    ``connection refused``, ``connection reset by peer``, ``timed out``;
+    else redis-py's own message."""
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        if isinstance(link, TimeoutError | rexc.TimeoutError):
+            return "timed out"
+        if isinstance(link, socket.gaierror) and link.strerror:
+            return f"cannot resolve the host name ({link.strerror})"
+        if isinstance(link, OSError) and link.errno and link.errno > 0:
+            # asyncio's own message ("Connect call failed ...") says less.
+            text = os.strerror(link.errno)
+            return text[:1].lower() + text[1:]
+        link = link.__cause__ or link.__context__
+    text = (str(exc) or type(exc).__name__).rstrip(".")
+    return text[:1].lower() + text[1:]
+
+
+# Re-sending layers nest (a start-up check's budget around a client's
+# BoundedRetry), and the outer budget may run out first: the failure the
+# inner layer retried is kept here, per task, for the message of the one
+# that gives up.
+_LAST_FAILURE: ContextVar[BaseException | None] = ContextVar(
+    "aiogroupq_last_failure", default=None
+)
+
+
+def forget_failures() -> None:
+    """Start a bounded call: no failure met yet (see :func:`gave_up`)."""
+    _LAST_FAILURE.set(None)
+
+
+def note_failure(exc: BaseException) -> None:
+    """Keep *exc*, a failure about to be retried, for :func:`gave_up` (an
+    inner layer's :class:`BudgetSpent` keeps the cause it named)."""
+    if not isinstance(exc, BudgetSpent):
+        _LAST_FAILURE.set(exc)
+
+
+class BudgetSpent(rexc.TimeoutError):
+    """A bounded call's time ran out; the message (:func:`gave_up`) says
+    where and why. A redis-py TimeoutError, so that it becomes
+    :class:`~aiogroupq.RedisUnavailableError` (not the builtin one, which
+    ``Producer.result`` raises for its own timeout)."""
+
+
+def gave_up(where: str, budget: float) -> str:
+    """What a call whose *budget* ran out met at *where* (``host:port``):
+    the cause of the last failure it retried, or that nothing answered."""
+    last = _LAST_FAILURE.get()
+    if last is None:
+        return f"{where}: no reply within {budget:.1f} s"
+    return f"{where}: {cause_of(last)}; gave up after {budget:.1f} s of retries"
 
 
 #: why a plain client of a cluster node is refused

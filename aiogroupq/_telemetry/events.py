@@ -78,8 +78,9 @@ class TaskEvent:
     :ivar duration: seconds the handler ran (events of an attempt that ran),
         or that the loop was blocked (``LOOP_BLOCKED``)
     :ivar latency: pickup latency in seconds, on the Redis server's clock:
-        the claim's time minus the moment the task became runnable
-        (``STARTED`` only)
+        the claim's time minus the moment the task became runnable (its
+        enqueue, its group's turn, or the end of its delay or of its retry's
+        backoff: a backoff is not counted) (``STARTED`` only)
     :ivar error: what the handler raised (``FAILED`` only; a timeout or an
         unrenewed lease is a :class:`TimeoutError`)
     """

@@ -26,6 +26,7 @@ import anyio
 
 from .._store import layout as _layout, scripts as _scripts
 from .._store.connection import REDIS_FAILURES, socket_timeout
+from .._store.defaults import START_WINDOW
 from ..errors import ConfigurationError, QueueFullError
 from .leases import local_lease
 from .runner import Running
@@ -269,7 +270,7 @@ class Fetcher:
                     continue
                 ctx.slots.give(k - len(reply.tasks))
                 backoff = _BACKOFF_FIRST
-                self._hand_out(reply, sent_at + ctx.local_lease(), send)
+                self._hand_out(reply, sent_at, send)
                 if not reply.replicated:
                     ctx.slots.give(len(reply.tasks))
                     # Not started: a failover now could lose the claim, and
@@ -320,12 +321,12 @@ class Fetcher:
     def _hand_out(
         self,
         reply: _scripts.ClaimReply,
-        deadline: float,
+        sent_at: float,
         send: MemoryObjectSendStream[Running],
     ) -> None:
-        """Pass a claim's tasks to the workers, leased until *deadline* (or
-        back, unstarted, when no replica acknowledged the claim); report what
-        else the claim found."""
+        """Pass a claim sent at *sent_at* to the workers, leased from then
+        and to start within its start window (or back, unstarted, when no
+        replica acknowledged the claim); report what else the claim found."""
         ctx = self.ctx
         for problem in reply.problems:
             logger.error(
@@ -336,8 +337,15 @@ class Fetcher:
         ctx.outcomes.dead_elsewhere(reply.dead)
         if reply.expired:
             ctx.outcomes.expired(reply.expired)
+        # From when the claim was sent: the server claimed after that, so
+        # neither the lease nor the start window is counted from too late.
+        deadline = sent_at + ctx.local_lease()
         for claimed in reply.tasks:
-            running = Running(claimed, anyio.CancelScope(deadline=deadline))
+            running = Running(
+                claimed,
+                anyio.CancelScope(deadline=deadline),
+                start_by=sent_at + START_WINDOW,
+            )
             ctx.running[claimed.id] = running
             if reply.replicated:
                 send.send_nowait(running)

@@ -4,6 +4,7 @@ lease and timeout, and turn what happened into an outcome for ``finish.lua``."""
 from __future__ import annotations
 
 import logging
+import math
 import random
 import sys
 import time
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Final
 import anyio
 
 from .._store.codec import EncodeFailure, describe_decode_error, encode_payload, unpack
+from .._store.defaults import START_WINDOW
 from .._store.scripts import Claimed, Outcome
 from .._telemetry.events import EventKind, Observers
 from .._telemetry.log import describe, short, task_extra
@@ -57,6 +59,9 @@ class Running:
     frame: FrameType | None = None
     # Seconds the handler ran, once it ended.
     duration: float | None = None
+    # A task of a group starts before this (anyio's clock) or not at all:
+    # its claim's start window (START_WINDOW).
+    start_by: float = math.inf
 
     def extend(self, deadline: float) -> None:
         """Move the local lease deadline: a renewal holds the lease until then."""
@@ -347,10 +352,24 @@ async def _run(
     envelope = _decode(attempt, routes, max_payload_bytes)
     if envelope is None:
         return  # rejected
-    if anyio.current_time() >= running.lease_scope.deadline:
+    now = anyio.current_time()
+    if now >= running.lease_scope.deadline:
         # The claim's reply came too late (a Redis stall): the lease may be
         # gone already. The handler never ran, so no attempt is counted; if
         # the task was recovered meanwhile, this hand-back is refused.
+        attempt.outcome("back")
+        return
+    if envelope.group is not None and now >= running.start_by:
+        # Its group may have been paused since the claim, and a pause waits
+        # only this long for what was claimed before it: not started now,
+        # the task goes back to the front of its group, its attempt uncounted.
+        logger.warning(
+            "%s did not start within %.0fs of its claim (a blocked event "
+            "loop?); handed back unstarted",
+            attempt.about(),
+            START_WINDOW,
+            extra=attempt.extra(),
+        )
         attempt.outcome("back")
         return
     route = attempt.route

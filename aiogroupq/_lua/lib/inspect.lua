@@ -7,9 +7,11 @@
 ]]
 --- @include "base"
 --- @include "slots"
+--- @include "registry"
 
 local HOLDER_DETAIL = 100 -- slot holders described per group (all are counted)
 local REASON_CHARS = 300  -- of a halting task's reason
+local DUE_SCAN = 1000     -- delayed entries looked at for groups' first due times
 
 -- The fixed keys the views read, checked once: a damaged one is reported
 -- as CorruptQueueError rather than failing half-way.
@@ -59,11 +61,46 @@ local function describe(g)
       if #holders < HOLDER_DETAIL then
         local f = redis.pcall('HMGET', k_task(id), 's', 'a', 'm', 'c', 'dt')
         if wrong_type(f) then f = {} end
+        -- A running holder's consumer as the registry has it: when it
+        -- counts as gone, and its last heartbeat (false: not registered).
+        local gone_at, beat = false, false
+        if kind == 'run' and f[4] then
+          gone_at = score(K_CONSUMERS, f[4])
+          beat = redis.pcall('HGET', k_cinfo(f[4]), 'hb')
+          if type(beat) ~= 'string' then beat = false end
+        end
         holders[#holders + 1] = { id, m, f[1] or false, f[2] or false, f[3] or false,
-          f[4] or false, f[5] or false, score(K_LEASES, id), score(K_DELAYED, id) }
+          f[4] or false, f[5] or false, score(K_LEASES, id), score(K_DELAYED, id),
+          gone_at, beat }
       end
     end
   end
   out[18] = { kinds.run, kinds['@'], kinds.r, kinds['~'] }
   return out
+end
+
+-- When the first delayed task of each group in *wanted* (a set of names)
+-- is due: one pass over the earliest DUE_SCAN entries of the delayed ZSET
+-- (nothing indexes a group's delayed tasks), shared by every group asked
+-- about. Returns group -> due (server ms) for those found, and the due
+-- time of the last entry looked at when the pass stopped short of the end
+-- (a group not found is due no sooner), else false.
+local function first_dues(wanted)
+  local found, left = {}, 0
+  for _ in pairs(wanted) do left = left + 1 end
+  if left == 0 then return found, false end
+  local entries = redis.call('ZRANGE', K_DELAYED, 0, DUE_SCAN - 1, 'WITHSCORES')
+  for i = 1, #entries, 2 do
+    local id = entries[i]
+    if string.sub(id, 1, 1) ~= RATE_WAKE then
+      local g = task_field(id, 'g')
+      if g and wanted[g] and not found[g] then
+        found[g] = tonumber(entries[i + 1])
+        left = left - 1
+        if left == 0 then return found, false end
+      end
+    end
+  end
+  if #entries < 2 * DUE_SCAN then return found, false end
+  return found, tonumber(entries[#entries])
 end

@@ -39,6 +39,12 @@ local function recover(id, now, why, counted, retention)
     return 'dead'
   end
   continue_front(G, id, tonumber(f[7]) or 0)
-  redis.call('HSET', key, 's', 'queued')
+  if counted then
+    -- A new attempt: its pickup latency runs from now, not from the
+    -- attempt that died. An uncounted recovery never started: it keeps its own.
+    redis.call('HSET', key, 's', 'queued', 'dt', now)
+  else
+    redis.call('HSET', key, 's', 'queued')
+  end
   return 'ready'
 end
