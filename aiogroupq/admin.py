@@ -27,6 +27,7 @@ import anyio
 
 from ._inspect import (
     aggregate as _aggregate,
+    consumers as _consumers,
     reads as _observe,
     repartition as _repartition,
 )
@@ -40,7 +41,7 @@ from ._inspect.views import (
 )
 from ._store import scripts as _scripts, validate as _validate
 from ._store.codec import dead_letter
-from ._store.connection import RedisLike, check_server, open_client
+from ._store.connection import RedisLike, open_client
 from ._store.defaults import START_WINDOW
 from ._store.failures import unavailable_as_error
 from ._store.fanout import (
@@ -52,6 +53,7 @@ from ._store.fanout import (
 from ._store.handle import QueueHandle
 from ._store.layout import refresh
 from ._store.queries import dead_ids
+from ._store.server_checks import check_server
 from .errors import ConfigurationError, InvalidGroupError, TaskNotFoundError
 
 if TYPE_CHECKING:
@@ -481,7 +483,7 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
         :param limit: the most to list
         """
         _check_int("limit", limit, 1, 100_000)
-        return await _observe.consumer_list(self._open_client(), self._keys, limit)
+        return await _consumers.consumer_list(self._open_client(), self._keys, limit)
 
     # -- dead letters ---------------------------------------------------------
 

@@ -28,16 +28,11 @@ from redis.asyncio.cluster import RedisCluster
 
 from ._inspect.views import ConsumerStats
 from ._store import layout as _layout, validate as _validate
-from ._store.connection import (
-    Client,
-    RedisLike,
-    check_replicas,
-    check_server,
-    open_client,
-)
+from ._store.connection import Client, RedisLike, open_client
 from ._store.defaults import DEFAULT_MAX_PAYLOAD_BYTES
 from ._store.failures import translated_errors
 from ._store.partition import Partitions, check_count
+from ._store.server_checks import check_replicas, check_server
 from ._store.validate import setting_int, setting_seconds
 from ._telemetry.consumer import Telemetry
 from ._telemetry.events import Observer, Observers, check_observers

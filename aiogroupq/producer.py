@@ -18,13 +18,7 @@ from ._inspect.aggregate import statuses
 from ._inspect.reads import id_list
 from ._store import routing as _routing, scripts as _scripts, validate as _validate
 from ._store.codec import EncodeFailure, decode_result, encode_payload, pack
-from ._store.connection import (
-    RedisLike,
-    check_replicas,
-    check_server,
-    open_client,
-    socket_timeout,
-)
+from ._store.connection import RedisLike, open_client, socket_timeout
 from ._store.defaults import (
     DEFAULT_DEDUP_WINDOW,
     DEFAULT_MAX_ATTEMPTS,
@@ -43,6 +37,7 @@ from ._store.replies import (
     NotReplicatedRefusal,
     public_error,
 )
+from ._store.server_checks import check_replicas, check_server
 from ._telemetry.events import EventKind, Observer, Observers, check_observers
 from .errors import (
     BatchTooLargeError,

@@ -73,6 +73,7 @@ OPERATOR_MODULES = {
     "_inspect/aggregate.py",
     "_inspect/repartition.py",
     "_inspect/reads.py",  # the views: their add-on rule in docs/operations.md
+    "_inspect/consumers.py",  # the views: their add-on rule in docs/operations.md
 }
 # Folders outside what producers and consumers run: the web UI (its own
 # rule in docs/operations.md) and the test helpers with their servers.

@@ -15,7 +15,7 @@ import pytest
 import redis.asyncio
 
 import aiogroupq
-from aiogroupq._cli import demo as _demo
+from aiogroupq._cli import demo_journal as _demo_journal, demo_plan as _demo_plan
 from aiogroupq.testing._server import ServerProcess, free_port
 
 from . import example_app
@@ -329,7 +329,7 @@ async def test_demo_verifies_a_run(redis_url: str, spawn: Spawn) -> None:
 
 
 def _journal(
-    events: Sequence[tuple[str, int]], jobs: Sequence[_demo.Job]
+    events: Sequence[tuple[str, int]], jobs: Sequence[_demo_plan.Job]
 ) -> list[bytes]:
     out = []
     for clock, (event, i) in enumerate(events, 1):
@@ -341,9 +341,9 @@ def _journal(
 
 
 JOBS = [
-    _demo.Job(0, "a", 0, 0, "import_rows"),
-    _demo.Job(1, "a", 1, 0, "import_rows"),
-    _demo.Job(2, None, 0, 0, "send_mail"),
+    _demo_plan.Job(0, "a", 0, 0, "import_rows"),
+    _demo_plan.Job(1, "a", 1, 0, "import_rows"),
+    _demo_plan.Job(2, None, 0, 0, "send_mail"),
 ]
 
 
@@ -363,7 +363,7 @@ JOBS = [
     ],
 )
 def test_demo_verify_catches(events: list[tuple[str, int]], field: str | None) -> None:
-    verdict = _demo.verify(JOBS, _journal(events, JOBS))
+    verdict = _demo_journal.verify(JOBS, _journal(events, JOBS))
     assert verdict.ok is (field is None)
     if field is not None:
         assert getattr(verdict, field) >= 1, verdict
@@ -374,13 +374,13 @@ def test_demo_verify_catches_a_foreign_record() -> None:
         [("s", 0), ("e", 0), ("s", 1), ("e", 1), ("s", 2), ("e", 2)], JOBS
     )
     journal[0] = journal[0].replace(b" a", b" b")  # task 0 claims another group
-    assert _demo.verify(JOBS, journal).order_violations == 1
+    assert _demo_journal.verify(JOBS, journal).order_violations == 1
 
 
 def test_demo_plan_shape() -> None:
     import random
 
-    jobs, _ = _demo.make_plan(20_000, 2_000, random.Random(1))
+    jobs, _ = _demo_plan.make_plan(20_000, 2_000, random.Random(1))
     groups = Counter(job.group for job in jobs)
     assert len(jobs) == 20_000
     assert groups[None] == 4_000

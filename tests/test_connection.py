@@ -19,7 +19,7 @@ import pytest
 import redis.asyncio
 
 import aiogroupq
-from aiogroupq._store import connection as _connection
+from aiogroupq._store import connection as _connection, server_checks as _server_checks
 from aiogroupq.testing._server import ServerProcess, free_port
 
 if TYPE_CHECKING:
@@ -556,4 +556,4 @@ async def test_the_version_check_needs_no_info_command(
 def test_server_versions_are_read_as_major_minor(
     text: object, expected: tuple[int, int] | None
 ) -> None:
-    assert _connection._version(text) == expected
+    assert _server_checks._version(text) == expected

@@ -22,7 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from aiogroupq._cli import demo as _demo
+from aiogroupq._cli import (
+    demo as _demo,
+    demo_plan as _demo_plan,
+    demo_progress as _demo_progress,
+)
 
 from ._spawn import PATIENCE, ROOT, Proc
 
@@ -168,7 +172,7 @@ def test_the_slow_tail_is_explained(tmp_path: Path, demo: list[Demo]) -> None:
     assert re.search(last, after, re.MULTILINE), text
 
 
-def _record(event: str, job: _demo.Job, clock: int) -> bytes:
+def _record(event: str, job: _demo_plan.Job, clock: int) -> bytes:
     """A journal record as the demo's workers write it."""
     group = job.group or "-"
     return f"{clock} 1700000000 {clock} {event} {job.i} {job.seq} 1 {group}".encode()
@@ -177,12 +181,12 @@ def _record(event: str, job: _demo.Job, clock: int) -> bytes:
 def test_remaining_follows_the_journal_to_the_tail() -> None:
     hot = "tenant-0000:bulk-import"
     jobs = [
-        _demo.Job(0, None, 0, 0, "send_mail"),
-        _demo.Job(1, "tenant-0003:orders", 0, 0, "import_rows"),
-        _demo.Job(2, hot, 0, 0, "import_rows"),
-        _demo.Job(3, hot, 1, 0, "import_rows"),
+        _demo_plan.Job(0, None, 0, 0, "send_mail"),
+        _demo_plan.Job(1, "tenant-0003:orders", 0, 0, "import_rows"),
+        _demo_plan.Job(2, hot, 0, 0, "import_rows"),
+        _demo_plan.Job(3, hot, 1, 0, "import_rows"),
     ]
-    remaining = _demo.Remaining(jobs)
+    remaining = _demo_progress.Remaining(jobs)
     assert (remaining.started, remaining.left, remaining.tail()) == (False, 4, None)
     remaining.feed([_record("s", jobs[0], 1), _record("s", jobs[2], 2)])
     # Started, nothing ended; an ungrouped task is left: not the tail.
@@ -198,16 +202,16 @@ def test_remaining_follows_the_journal_to_the_tail() -> None:
 
 
 def test_the_tail_is_at_most_the_hot_groups_count() -> None:
-    groups = [f"tenant-{k:04d}:orders" for k in range(_demo.HOT_GROUPS + 1)]
-    jobs = [_demo.Job(i, g, 0, 0, "import_rows") for i, g in enumerate(groups)]
-    remaining = _demo.Remaining(jobs)
+    groups = [f"tenant-{k:04d}:orders" for k in range(_demo_plan.HOT_GROUPS + 1)]
+    jobs = [_demo_plan.Job(i, g, 0, 0, "import_rows") for i, g in enumerate(groups)]
+    remaining = _demo_progress.Remaining(jobs)
     assert remaining.tail() is None
     remaining.feed([_record("s", jobs[0], 1), _record("e", jobs[0], 2)])
     assert remaining.tail() == groups[1:]
 
 
 def test_progress_line_says_what_the_figures_mean() -> None:
-    line = _demo.progress_line
+    line = _demo_progress.progress_line
     assert line(0, 20_000, 0.0, started=False, tail=None) == (
         "  running: 0/20,000 done, waiting for the worker processes to start"
     )
@@ -222,13 +226,13 @@ def test_progress_line_says_what_the_figures_mean() -> None:
 
 def test_tail_line_names_hot_groups_as_such() -> None:
     hot = ["tenant-0000:bulk-import", "tenant-0001:bulk-import"]
-    assert _demo.tail_line(1_234, hot) == (
+    assert _demo_progress.tail_line(1_234, hot) == (
         "tail:     the last 1,234 tasks all belong to the 2 hot groups "
         "(tenant-0000:bulk-import, tenant-0001:bulk-import), and a group runs "
         "its tasks one at a time, by design: the rate drops to what 2 tasks at "
         "a time allow"
     )
-    assert "belong to the 1 group (tenant-0007:orders)" in _demo.tail_line(
+    assert "belong to the 1 group (tenant-0007:orders)" in _demo_progress.tail_line(
         5, ["tenant-0007:orders"]
     )
 

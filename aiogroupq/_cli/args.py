@@ -1,7 +1,7 @@
 """The ``aiogroupq`` command line's arguments: the parser of every command
 (the operator commands, ``dashboard`` and ``server`` add their own, from
-``_cli/ops.py``, ``_cli/dashboard.py`` and ``_cli/server.py``) and the types
-of its values."""
+``_cli/ops_args.py``, ``_cli/dashboard.py`` and ``_cli/server.py``) and the
+types of its values."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from .. import __version__
 from .._store.defaults import DEFAULT_MAX_PAYLOAD_BYTES as DEFAULT_MAX_PAYLOAD
 from . import (
     dashboard as _cli_dashboard,
-    ops as _cli_ops,
+    ops_args as _cli_ops_args,
     server as _cli_server,
     worker as _cli_worker,
 )
@@ -38,7 +38,7 @@ def parser() -> argparse.ArgumentParser:
     _add_worker(commands)
     _add_check(commands)
     _add_demo(commands)
-    _cli_ops.add_commands(commands, DEFAULT_REDIS_URL)
+    _cli_ops_args.add_commands(commands, DEFAULT_REDIS_URL)
     _cli_dashboard.add_command(commands, DEFAULT_REDIS_URL)
     _cli_server.add_command(commands)
     return top

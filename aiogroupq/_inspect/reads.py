@@ -1,32 +1,37 @@
 """Reading a queue's views: each is one read-only script call
-(``stats.lua``, ``group_info.lua``, ``consumers.lua``, ``task_info.lua``,
-flagged ``no-writes``, so a replica can answer too) that reads indexes and
-counters the other scripts keep, never a scan of the queue's keys. The
-scripts return raw facts; this module turns them into the dataclasses of
-``_inspect/views.py`` and works out a group's state and the sentence that says why
-it is (not) running.
+(``stats.lua``, ``group_info.lua``, ``task_info.lua``, flagged
+``no-writes``, so a replica can answer too) that reads indexes and counters
+the other scripts keep, never a scan of the queue's keys. The scripts return
+raw facts; this module turns them into the dataclasses of
+``_inspect/views.py``. The consumer registry is read in
+``_inspect/consumers.py``, and the sentence that says why a group or a task
+is (not) running is worked out in ``_inspect/reasons.py``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
-from datetime import UTC, datetime
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 from redis.exceptions import NoScriptError
 
 from .._store.codec import unpack
-from .._store.keys import QueueKeys
-from .._store.registry import COUNTERS
 from .._store.replies import NOT_A_TASK, text as _text
-from .._store.scripts import CONSUMERS, GROUP_INFO, STATS, STATUSES, TASK_INFO
+from .._store.scripts import GROUP_INFO, STATS, STATUSES, TASK_INFO
 from ..errors import CorruptTaskError
 from ..task import TaskState
+from .consumers import Beat, consumer_from_row, registry_beats
+from .raw import (
+    as_int as _int,
+    opt_int as _opt_int,
+    opt_text as _opt_text,
+    pairs as _pairs,
+    secs as _secs,
+)
+from .reasons import group_reason, task_reason
 from .views import (
-    ConsumerInfo,
-    ConsumerStats,
     GroupInfo,
     GroupPage,
     GroupSort,
@@ -35,13 +40,13 @@ from .views import (
     QueueStats,
     Slot,
     TaskDetails,
-    span_text,
 )
 
 if TYPE_CHECKING:
     from redis.typing import EncodableT
 
     from .._store.connection import Client
+    from .._store.keys import QueueKeys
     from .._store.lua import Script
 
 #: live consumers listed in :attr:`QueueStats.consumers`
@@ -59,60 +64,6 @@ TOTALS: Final = (
     "expired",
     "recovered",
 )
-
-
-# -- reading replies -----------------------------------------------------------
-
-
-def _opt_text(value: Any) -> str | None:
-    return None if value is None else _text(value)
-
-
-def _int(value: Any, default: int = 0) -> int:
-    """A reply number or stored counter; *default* if missing or unusable."""
-    if value is None:
-        return default
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        try:
-            return int(float(value))
-        except (TypeError, ValueError):
-            return default
-
-
-def _secs(value: Any) -> float | None:
-    """Server milliseconds as Unix seconds, ``None`` if missing."""
-    if value is None:
-        return None
-    try:
-        return float(value) / 1000
-    except (TypeError, ValueError):
-        return None
-
-
-def _pairs(flat: Sequence[Any]) -> dict[str, Any]:
-    return {_text(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
-
-
-def _consumer(row: Sequence[Any], now_ms: int) -> ConsumerInfo:
-    name, gone_at, host, pid, hb, ttl, started, n, conc, *counts = row
-    in_flight = _int(n)
-    numbers = dict(zip(COUNTERS, (_int(c) for c in counts), strict=False))
-    return ConsumerInfo(
-        name=_text(name),
-        host=_text(host or b""),
-        pid=_int(pid),
-        alive=_int(gone_at) >= now_ms,
-        last_heartbeat=_secs(hb) or 0.0,
-        started=_secs(started) or 0.0,
-        in_flight=in_flight,
-        concurrency=_int(conc),
-        lease_ttl=(_secs(ttl) or 0.0),
-        stats=ConsumerStats(
-            **{field: numbers.get(field, 0) for field in COUNTERS}, running=in_flight
-        ),
-    )
 
 
 # -- stats ---------------------------------------------------------------------
@@ -149,7 +100,7 @@ async def queue_stats(client: Client, keys: QueueKeys) -> QueueStats:
         groups_rate_limited=ratewait,
         consumers_alive=_int(r[11]),
         consumers_gone=_int(r[12]),
-        consumers=tuple(_consumer(row, now_ms) for row in r[18]),
+        consumers=tuple(consumer_from_row(row, now_ms) for row in r[18]),
         oldest_waiting=max(0, now_ms - min(heads)) / 1000 if heads else None,
         next_due_in=next_due,
         totals={name: counters.get(name, 0) for name in TOTALS},
@@ -159,10 +110,6 @@ async def queue_stats(client: Client, keys: QueueKeys) -> QueueStats:
 # -- groups --------------------------------------------------------------------
 
 _SLOTS: Final[dict[str, Slot]] = {"@": "ready", "r": "retry", "~": "held"}
-
-#: a consumer as the registry has it: when it counts as gone and its latest
-#: heartbeat (server ms), each ``None`` if it is not registered
-Beat = tuple[int | None, int | None]
 
 
 async def group_infos(
@@ -189,42 +136,6 @@ async def group_page(
     reply = await GROUP_INFO(client, keys, (), (sort, cursor, limit))
     infos, next_cursor = await _described(client, keys, reply, alive)
     return GroupPage(tuple(infos), next_cursor)
-
-
-async def registry_beats(
-    client: Client,
-    keys: QueueKeys,
-    names: Iterable[str],
-    *,
-    now_ms: int | None = None,
-) -> tuple[dict[str, Beat], int | None]:
-    """What the consumer registry (partition 0's, whatever partition *keys*
-    is) says of each consumer in *names* and, given *now_ms*, how many
-    consumers are alive then: one pipeline. A damaged registry key reads as
-    "not registered" (``aiogroupq check`` reports it)."""
-    wanted = sorted(set(names))
-    if not wanted and now_ms is None:
-        return {}, None
-    registry = keys if keys.partition == 0 else QueueKeys(keys.queue)
-    async with client.pipeline(transaction=False) as pipe:
-        for name in wanted:
-            pipe.zscore(registry.consumers, name)
-            pipe.hget(registry.consumer_info(name), "hb")
-        if now_ms is not None:
-            pipe.zcount(registry.consumers, now_ms, "+inf")
-        replies: list[Any] = await pipe.execute(raise_on_error=False)
-    beats = {
-        name: (_opt_int(replies[2 * i]), _opt_int(replies[2 * i + 1]))
-        for i, name in enumerate(wanted)
-    }
-    return beats, None if now_ms is None else _opt_int(replies[-1]) or 0
-
-
-def _opt_int(value: Any) -> int | None:
-    if value is None or isinstance(value, Exception):
-        return None
-    number = _int(value, -1)
-    return None if number < 0 else number
 
 
 async def _described(
@@ -350,7 +261,9 @@ def _group(
         now=now,
         next_due_at=first_due,
     )
-    state, reason = _why(info, ready=ready, retry=retry, held=held, horizon=horizon)
+    state, reason = group_reason(
+        info, ready=ready, retry=retry, held=held, horizon=horizon
+    )
     return _replace(info, state, reason)
 
 
@@ -358,199 +271,6 @@ def _replace(info: GroupInfo, state: GroupState, reason: str) -> GroupInfo:
     fields = {name: getattr(info, name) for name in GroupInfo.__slots__}
     fields.update(state=state, reason=reason)
     return GroupInfo(**fields)
-
-
-def _ago(now: float, then: float | None) -> str:
-    if then is None:
-        return "?"
-    return f"{span_text(now - then)} ago"
-
-
-def _in(now: float, then: float | None) -> str:
-    if then is None:
-        return "?"
-    return f"in {span_text(then - now)}" if then > now else "now"
-
-
-def _at(then: float) -> str:
-    """A server time of day, UTC (the times these sentences name are within
-    hours of now)."""
-    return datetime.fromtimestamp(then, UTC).strftime("%H:%M:%SZ")
-
-
-def stall_text(
-    now: float,
-    subject: str,
-    consumer_alive: bool | None,
-    heartbeat: float | None,
-    lease_deadline: float | None,
-    consumers_alive: int,
-) -> str | None:
-    """Why a running task may be running no more: *subject* (its consumer,
-    named) stopped heartbeating, or the lease ran out; with when the lease
-    ends and what recovers the task. ``None`` while the consumer is alive and
-    the lease lasts."""
-    overdue = lease_deadline is not None and lease_deadline <= now
-    if consumer_alive and not overdue:
-        return None
-    if consumer_alive:
-        who = f"{subject} is alive but did not renew the lease"
-    elif heartbeat is not None:
-        who = f"{subject} stopped heartbeating {span_text(now - heartbeat)} ago"
-    else:
-        who = f"{subject} is not alive (not in the consumer registry)"
-    # The lease's end as a time of day, not "in 20s": the sentence stays
-    # the same from one read to the next while nothing changes.
-    if lease_deadline is None:
-        lease = "the lease is gone"
-    elif overdue:
-        lease = f"the lease ended at {_at(lease_deadline)}"
-    else:
-        lease = f"the lease ends at {_at(lease_deadline)}"
-    if consumers_alive == 0:
-        then = "no consumer is alive to recover the task: start one"
-    elif overdue or lease_deadline is None:
-        then = "the next claim recovers the task"
-    else:
-        then = "the first claim after that recovers the task"
-    return f"{who}; {lease}; {then}"
-
-
-def _stall(info: GroupInfo) -> str | None:
-    """The first running holder that may be running no more, said as
-    :func:`stall_text` says it (and how many more there are)."""
-    said = [
-        text
-        for h in info.holders
-        if h.slot == "running"
-        and h.consumer is not None
-        and (
-            text := stall_text(
-                info.now,
-                f"task {h.id}'s consumer {h.consumer}",
-                h.consumer_alive,
-                h.consumer_heartbeat,
-                h.lease_deadline,
-                info.consumers_alive,
-            )
-        )
-        is not None
-    ]
-    if not said:
-        return None
-    more = f" ({len(said) - 1} more running tasks are in the same case)"
-    return said[0] + (more if len(said) > 1 else "")
-
-
-def _why(
-    info: GroupInfo,
-    *,
-    ready: int,
-    retry: int,
-    held: int,
-    horizon: float | None = None,
-) -> tuple[GroupState, str]:
-    state, reason = _why_state(
-        info, ready=ready, retry=retry, held=held, horizon=horizon
-    )
-    stall = _stall(info)
-    if stall is None:
-        return state, reason
-    if state == GroupState.RUNNING:  # instead of its consumer and lease
-        return state, f"{info.running} running, but {stall}"
-    if state == GroupState.AT_CAP:
-        return state, f"{reason}; but {stall}"
-    return state, f"{reason}; meanwhile {stall}"
-
-
-def _why_state(
-    info: GroupInfo, *, ready: int, retry: int, held: int, horizon: float | None
-) -> tuple[GroupState, str]:
-    now, g = info.now, info.group
-    behind = f"; {info.backlog} more wait in line" if info.backlog else ""
-    nobody = "; no consumer is alive" if info.consumers_alive == 0 else ""
-    head = info.head
-    if info.halted_by is not None:
-        why = f": {info.halted_reason}" if info.halted_reason else ""
-        return GroupState.HALTED, (
-            f"halted behind dead task {info.halted_by}{why}; requeue or purge it, "
-            f"or release the group (aiogroupq release {g}){behind}"
-        )
-    if info.paused or info.queue_paused:
-        which = (
-            f"the group is paused (aiogroupq resume {g})"
-            if info.paused
-            else "the whole queue is paused (aiogroupq resume)"
-        )
-        waiting = ready + retry + held + info.backlog
-        return GroupState.PAUSED, (
-            f"{which}: nothing new starts; {info.running} running, {waiting} waiting"
-        )
-    if held and head is not None:
-        limit = info.rate or (0, 0.0)
-        return GroupState.RATE_LIMITED, (
-            f"its rate limit ({limit[0]} starts per {span_text(limit[1])}) is used up: "
-            f"task {head.id} may start {_in(now, info.rate_free_at)}{behind}"
-        )
-    if retry and head is not None:
-        return GroupState.WAITING_RETRY, (
-            f"task {head.id} failed attempt {head.attempt} of {head.max_attempts} "
-            f"and retries {_in(now, head.due_at)}; later tasks wait behind it"
-            f"{behind}"
-        )
-    if ready and head is not None:
-        return GroupState.READY, (
-            f"task {head.id} is runnable since {_ago(now, head.due_at)} and waits "
-            f"for a free consumer{nobody}{behind}"
-        )
-    if info.running and info.backlog:
-        return GroupState.AT_CAP, (
-            f"{info.running} running, at its concurrency of {info.concurrency}; "
-            f"{info.backlog} wait in line behind"
-        )
-    if info.running:
-        first = info.holders[0] if info.holders else None
-        where = (
-            f": task {first.id} on consumer {first.consumer}, lease until "
-            f"{_in(now, first.lease_deadline)}"
-            if first is not None and first.slot == "running"
-            else ""
-        )
-        return GroupState.RUNNING, f"{info.running} running{where}"
-    if info.delayed:
-        return GroupState.DELAYED, _delayed(info, horizon, nobody)
-    return GroupState.IDLE, "no live task"
-
-
-def _delayed(info: GroupInfo, horizon: float | None, nobody: str) -> str:
-    now, due, n = info.now, info.next_due_at, info.delayed
-    if due is not None and due <= now:
-        return (
-            f"{n} delayed tasks: the first was due {span_text(now - due)} ago "
-            f"(at {_at(due)}) and the next claim makes it runnable{nobody}"
-        )
-    if due is not None:
-        return (
-            f"{n} delayed tasks, none due yet: the first is due "
-            f"{_in(now, due)} (at {_at(due)})"
-        )
-    if horizon is not None:
-        return (
-            f"{n} delayed tasks, none due before {_at(horizon)} ({_in(now, horizon)})"
-        )
-    return f"{n} delayed tasks, none due yet"
-
-
-# -- consumers -----------------------------------------------------------------
-
-
-async def consumer_list(
-    client: Client, keys: QueueKeys, limit: int
-) -> list[ConsumerInfo]:
-    """Registered consumers, live ones first (one ``consumers.lua`` call)."""
-    reply = await CONSUMERS(client, keys, (), (limit,))
-    now_ms = _int(reply[0])
-    return [_consumer(row, now_ms) for row in reply[1]]
 
 
 # -- tasks ---------------------------------------------------------------------
@@ -567,45 +287,14 @@ async def task_details(
         return None
     now_ms, raw, lease, due, _, pttl, mark, ahead, queue_paused, facts = reply
     f = _pairs(raw)
-    state_text = _text(f.get("s") or b"")
-    try:
-        state = TaskState(state_text)
-    except ValueError:
-        raise CorruptTaskError(task_id, f"unknown state {state_text!r}") from None
-    # An ended task keeps these in one small field (lib/ends.lua); a live
-    # one or a dead letter has its envelope.
-    task_type, enqueued_at, payload_size = _identity(f.get("i"))
-    payload = None
-    if f.get("e") is not None:
-        try:
-            envelope = unpack(bytes(f["e"]))
-            task_type, enqueued_at = envelope.type, envelope.enqueued_ms / 1000 or None
-            payload_size = len(envelope.payload)
-            payload = msgspec.msgpack.decode(envelope.payload)
-        except Exception:  # noqa: BLE001, S110 - any stored bytes: shown as unknown
-            pass
-    slot: Slot | None = None
-    if mark is not None:
-        slot = _SLOTS.get(_text(mark), "running")
-    elif ahead is not None:
-        slot = "line"
+    state = _task_state(task_id, f)
+    task_type, enqueued_at, payload_size, payload = _contents(f)
+    slot = _task_slot(mark, ahead)
     consumer = _opt_text(f.get("c"))
-    alive: int | None = None
-    consumer_alive: bool | None = None
-    heartbeat: float | None = None
-    if state in (TaskState.QUEUED, TaskState.RUNNING):
-        running = consumer if state == TaskState.RUNNING else None
-        beats, alive = await registry_beats(
-            client, keys, [running] if running else [], now_ms=_int(now_ms)
-        )
-        if running is not None:
-            gone_ms, beat_ms = beats.get(running, (None, None))
-            consumer_alive = gone_ms is not None and gone_ms >= _int(now_ms)
-            heartbeat = None if beat_ms is None else beat_ms / 1000
-    group_paused, halted_by, rate_free_at = False, None, None
-    if facts:
-        group_paused, halted_by = facts[0] == 1, _opt_text(facts[1])
-        rate_free_at = _secs(facts[2])
+    alive, consumer_alive, heartbeat = await _liveness(
+        client, keys, state, consumer, _int(now_ms)
+    )
+    group_paused, halted_by, rate_free_at = _group_facts(facts)
     ended = state not in (TaskState.QUEUED, TaskState.DELAYED, TaskState.RUNNING)
     blocked = queue_paused == 1 or group_paused or halted_by is not None
     details = TaskDetails(
@@ -636,7 +325,7 @@ async def task_details(
         consumer_alive=consumer_alive,
         consumer_heartbeat=heartbeat,
     )
-    reason = _task_reason(
+    reason = task_reason(
         details,
         queue_paused=queue_paused == 1,
         group_paused=group_paused,
@@ -644,6 +333,38 @@ async def task_details(
         alive=alive,
     )
     return dataclasses.replace(details, reason=reason)
+
+
+def _task_state(task_id: str, f: dict[str, Any]) -> TaskState:
+    """The task hash's state.
+
+    :raises CorruptTaskError: for a stored state that is not a TaskState
+    """
+    state_text = _text(f.get("s") or b"")
+    try:
+        return TaskState(state_text)
+    except ValueError:
+        raise CorruptTaskError(task_id, f"unknown state {state_text!r}") from None
+
+
+def _contents(
+    f: dict[str, Any],
+) -> tuple[str | None, float | None, int | None, Any]:
+    """The task's type, enqueue time, payload size and payload (``None``
+    each where unknown)."""
+    # An ended task keeps these in one small field (lib/ends.lua); a live
+    # one or a dead letter has its envelope.
+    task_type, enqueued_at, payload_size = _identity(f.get("i"))
+    payload = None
+    if f.get("e") is not None:
+        try:
+            envelope = unpack(bytes(f["e"]))
+            task_type, enqueued_at = envelope.type, envelope.enqueued_ms / 1000 or None
+            payload_size = len(envelope.payload)
+            payload = msgspec.msgpack.decode(envelope.payload)
+        except Exception:  # noqa: BLE001, S110 - any stored bytes: shown as unknown
+            pass
+    return task_type, enqueued_at, payload_size, payload
 
 
 def _identity(value: Any) -> tuple[str | None, float | None, int | None]:
@@ -654,88 +375,48 @@ def _identity(value: Any) -> tuple[str | None, float | None, int | None]:
     return task_type or None, _secs(enqueued or None), _opt_int(size or None)
 
 
-def _task_reason(
-    t: TaskDetails,
-    *,
-    queue_paused: bool,
-    group_paused: bool,
-    halted_by: str | None,
-    alive: int | None,
-) -> str:
-    """Why the task runs, waits, or ended: one sentence, as for a group."""
-    now, g = t.now, t.group
-    if t.state == TaskState.DEAD:
-        halts = f"; its group {g} is halted behind it" if halted_by == t.id else ""
-        return (
-            f"dead-lettered {_ago(now, t.ended_at)}: requeue or purge it "
-            f"(aiogroupq dead requeue {t.id}){halts}"
+def _task_slot(mark: Any, ahead: Any) -> Slot | None:
+    """The slot the task holds in its group, ``"line"`` if it waits in the
+    group's line, ``None`` if neither."""
+    if mark is not None:
+        return _SLOTS.get(_text(mark), "running")
+    if ahead is not None:
+        return "line"
+    return None
+
+
+async def _liveness(
+    client: Client,
+    keys: QueueKeys,
+    state: TaskState,
+    consumer: str | None,
+    now_ms: int,
+) -> tuple[int | None, bool | None, float | None]:
+    """For a live task: how many consumers are alive and, for a running one,
+    whether its consumer is and its latest heartbeat (one registry read);
+    ``None`` each otherwise."""
+    alive: int | None = None
+    consumer_alive: bool | None = None
+    heartbeat: float | None = None
+    if state in (TaskState.QUEUED, TaskState.RUNNING):
+        running = consumer if state == TaskState.RUNNING else None
+        beats, alive = await registry_beats(
+            client, keys, [running] if running else [], now_ms=now_ms
         )
-    if t.state not in (TaskState.QUEUED, TaskState.DELAYED, TaskState.RUNNING):
-        kept = (
-            f"; its state is kept {span_text(t.kept_for)} more"
-            if t.kept_for is not None
-            else ""
-        )
-        return f"{t.state} {_ago(now, t.ended_at)}{kept}"
-    if t.state == TaskState.RUNNING:
-        stall = stall_text(
-            now,
-            f"its consumer {t.consumer}",
-            t.consumer_alive,
-            t.consumer_heartbeat,
-            t.lease_deadline,
-            alive or 0,
-        )
-        if stall is not None:
-            return f"running, but {stall}"
-        return (
-            f"running on consumer {t.consumer} (attempt {t.attempt} of "
-            f"{t.max_attempts}); its lease ends {_in(now, t.lease_deadline)}"
-        )
-    blocker = None
-    if queue_paused:
-        blocker = "the whole queue is paused (aiogroupq resume)"
-    elif halted_by is not None:
-        blocker = (
-            f"its group {g} is halted behind dead task {halted_by}: requeue or "
-            f"purge it, or release the group (aiogroupq release {g})"
-        )
-    elif group_paused:
-        blocker = f"its group {g} is paused (aiogroupq resume {g})"
-    if t.state == TaskState.DELAYED:
-        if t.due_at is not None and t.due_at <= now:
-            when = (
-                f"was due {span_text(now - t.due_at)} ago (at {_at(t.due_at)}): "
-                "the next claim makes it runnable"
-            )
-        else:
-            when = f"is due {_in(now, t.due_at)}"
-            if t.due_at is not None:
-                when += f" (at {_at(t.due_at)})"
-        text = (
-            f"attempt {t.attempt} of {t.max_attempts} failed; its retry {when}"
-            if t.slot == "retry"
-            else f"delayed: it {when}"
-        )
-        return text + (
-            f"; even then it does not start while {blocker}" if blocker else ""
-        )
-    before = ""
-    if t.position == 1:
-        before = "; 1 task of its group goes before it"
-    elif t.position:
-        before = f"; {t.position} tasks of its group go before it"
-    if blocker is not None:
-        return f"it does not start while {blocker}{before}"
-    if t.slot == "held":
-        return f"its group's rate limit is used up: it may start {_in(now, t.due_at)}"
-    if t.slot == "line":
-        return f"waits in its group's line{before}"
-    nobody = "; no consumer is alive" if alive == 0 else ""
-    return (
-        f"runnable since {_ago(now, t.runnable_since)} and waits for a free "
-        f"consumer{nobody}"
-    )
+        if running is not None:
+            gone_ms, beat_ms = beats.get(running, (None, None))
+            consumer_alive = gone_ms is not None and gone_ms >= now_ms
+            heartbeat = None if beat_ms is None else beat_ms / 1000
+    return alive, consumer_alive, heartbeat
+
+
+def _group_facts(facts: Sequence[Any] | None) -> tuple[bool, str | None, float | None]:
+    """Whether the task's group is paused, the dead task it is halted behind
+    and when its rate frees a start: not paused, ``None``, ``None`` for an
+    ungrouped task."""
+    if not facts:
+        return False, None, None
+    return facts[0] == 1, _opt_text(facts[1]), _secs(facts[2])
 
 
 def id_list(task_ids: object) -> Sequence[object]:

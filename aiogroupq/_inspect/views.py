@@ -1,7 +1,7 @@
 """What an operator sees of a queue: the public views of its counts, groups,
 tasks and consumers (:class:`QueueStats`, :class:`GroupInfo`,
-:class:`TaskDetails`, :class:`ConsumerInfo`, ...), as ``_inspect/reads.py`` reads
-them from the scripts.
+:class:`TaskDetails`, :class:`ConsumerInfo`, ...), as ``_inspect/reads.py``
+and ``_inspect/consumers.py`` read them from the scripts.
 
 Times are Unix seconds on the Redis server's clock (the scripts' ``TIME``),
 like :attr:`DeadLetter.dead_at`; ages are measured against that clock too.
