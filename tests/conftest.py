@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import redis
 import redis.asyncio
 
+import aiogroupq
 from aiogroupq._store.connection import safe_url
 from aiogroupq.testing._server import (
     BINARY_ENV,
@@ -34,6 +36,9 @@ from aiogroupq.testing._server import (
 )
 
 from ._spawn import Proc, Spawn
+
+if TYPE_CHECKING:
+    from ._roles import Both
 
 pytest_plugins = ["aiogroupq.testing.pytest_plugin"]
 
@@ -105,3 +110,16 @@ def spawn(tmp_path: Path) -> Iterator[Spawn]:
     yield start
     for proc in made:  # a failed test leaves no process behind
         proc.kill()
+
+
+@pytest.fixture
+async def both(
+    request: pytest.FixtureRequest, redis_client: redis.asyncio.Redis
+) -> AsyncIterator[Both]:
+    """A producer and an admin of the test module's ``QUEUE``."""
+    queue = request.module.QUEUE
+    async with (
+        aiogroupq.Producer(redis_client, queue=queue) as producer,
+        aiogroupq.Admin(redis_client, queue=queue) as admin,
+    ):
+        yield producer, admin

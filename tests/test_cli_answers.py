@@ -16,7 +16,7 @@ import sys
 from collections.abc import AsyncIterator
 from importlib.resources import files
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
@@ -30,7 +30,10 @@ from aiogroupq.testing._server import free_port
 
 from ._spawn import PATIENCE, Spawn, poll
 from .test_acl import OPERATOR_SCRIPTS, _rule, worker_commands
-from .test_cli_ops import QUEUE, Both, cli, dead_letters
+from .test_cli_ops import QUEUE, cli, dead_letters
+
+if TYPE_CHECKING:
+    from ._roles import Both
 
 ROOT = Path(__file__).resolve().parents[1]
 TYPO = "imprts"
@@ -47,15 +50,6 @@ def _no_group(name: str) -> str:
 def _name(command: list[str]) -> str:
     """How the command names itself: ``dead requeue``, ``pause``."""
     return " ".join(command[:2] if command[0] == "dead" else command[:1])
-
-
-@pytest.fixture
-async def both(redis_client: redis.asyncio.Redis) -> AsyncIterator[Both]:
-    async with (
-        aiogroupq.Producer(redis_client, queue=QUEUE) as producer,
-        aiogroupq.Admin(redis_client, queue=QUEUE) as admin,
-    ):
-        yield producer, admin
 
 
 # -- a mistyped queue or group changes nothing ------------------------------------

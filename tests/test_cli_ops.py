@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
@@ -22,6 +22,9 @@ import aiogroupq
 from aiogroupq import GroupState
 from aiogroupq._store import scripts as _scripts
 from aiogroupq._store.keys import QueueKeys
+
+if TYPE_CHECKING:
+    from ._roles import Both
 
 ROOT = Path(__file__).resolve().parents[1]
 QUEUE = "ops"
@@ -60,18 +63,6 @@ async def cli(*args: str, url: str | None = None, queue: str | None = QUEUE) -> 
     run = Run(done.returncode, done.stdout.decode(), done.stderr.decode())
     print(f"$ aiogroupq {' '.join(args)}\n{run.out}{run.err}")  # noqa: T201
     return run
-
-
-Both = tuple[aiogroupq.Producer, aiogroupq.Admin]
-
-
-@pytest.fixture
-async def both(redis_client: redis.asyncio.Redis) -> AsyncIterator[Both]:
-    async with (
-        aiogroupq.Producer(redis_client, queue=QUEUE) as producer,
-        aiogroupq.Admin(redis_client, queue=QUEUE) as admin,
-    ):
-        yield producer, admin
 
 
 async def claim(client: redis.asyncio.Redis, k: int = 1) -> list[_scripts.Claimed]:

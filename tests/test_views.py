@@ -13,8 +13,8 @@ import functools
 import os
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
@@ -27,22 +27,14 @@ from aiogroupq._store import scripts as _scripts
 from aiogroupq._store.keys import QueueKeys
 from aiogroupq._store.replies import FinishCode, HeartbeatCode
 
+if TYPE_CHECKING:
+    from ._roles import Both
+
 QUEUE = "views"
 KEYS = QueueKeys(QUEUE)
 LEASE_MS = 60_000
 #: liveness only: how long a consumer may take to show up
 PATIENCE = 30.0
-
-Both = tuple[aiogroupq.Producer, aiogroupq.Admin]
-
-
-@pytest.fixture
-async def both(redis_client: redis.asyncio.Redis) -> AsyncIterator[Both]:
-    async with (
-        aiogroupq.Producer(redis_client, queue=QUEUE) as producer,
-        aiogroupq.Admin(redis_client, queue=QUEUE) as admin,
-    ):
-        yield producer, admin
 
 
 async def claim(

@@ -16,9 +16,8 @@ import io
 import sys
 import time
 import zlib
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import msgspec
@@ -33,20 +32,12 @@ from aiogroupq._store import scripts as _scripts
 from aiogroupq._store.keys import QueueKeys
 from aiogroupq._store.replies import FinishCode
 
+if TYPE_CHECKING:
+    from ._roles import Both
+
 QUEUE = "answers"
 KEYS = QueueKeys(QUEUE)
 LEASE_MS = 60_000
-
-Both = tuple[aiogroupq.Producer, aiogroupq.Admin]
-
-
-@pytest.fixture
-async def both(redis_client: redis.asyncio.Redis) -> AsyncIterator[Both]:
-    async with (
-        aiogroupq.Producer(redis_client, queue=QUEUE) as producer,
-        aiogroupq.Admin(redis_client, queue=QUEUE) as admin,
-    ):
-        yield producer, admin
 
 
 async def claim_as(
