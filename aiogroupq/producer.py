@@ -17,7 +17,7 @@ import msgspec
 from ._inspect.aggregate import statuses
 from ._inspect.reads import id_list
 from ._store import routing as _routing, scripts as _scripts, validate as _validate
-from ._store.codec import EncodeFailure, decode_result, encode_payload, pack
+from ._store.codec import EncodeFailure, decode_result, encode_payload, identity, pack
 from ._store.connection import RedisLike, open_client, socket_timeout
 from ._store.defaults import (
     DEFAULT_DEDUP_WINDOW,
@@ -344,6 +344,7 @@ class Producer(QueueHandle, anyio.AsyncContextManagerMixin):
             priority=priority,
             expires_ms=expires_ms,
             expire_at_ms=expire_at_ms,
+            identity=identity(envelope),
         )
 
     @unavailable_as_error

@@ -5,7 +5,7 @@
   KEYS[3]     {aiogroupq:<q>}:wake     LIST wake tokens that blocked fetchers BLPOP
   ARGV[1]     key prefix
   ARGV[2]     deduplication window in ms
-  ARGV[3]     n, the number of tasks; then 13 arguments per task:
+  ARGV[3]     n, the number of tasks; then 14 arguments per task:
     id            client-made task id
     group         group key, or "" for none
     envelope      MessagePack envelope (opaque here)
@@ -22,7 +22,9 @@
     schedule      "" for none, else a schedule name: the task is enqueued
                   only if its tick is later than the schedule's last one
     tick          the schedule tick (Unix ms), or 0
-  ARGV[4+13n]  (a partitioned queue, see _store/partition.py) this partition's
+    identity      what the task keeps once ended (its hash's i): "<enqueue
+                  ms> <payload size> <type>", or "" for nothing
+  ARGV[4+14n]  (a partitioned queue, see _store/partition.py) this partition's
                number p; then one argument per task: crc32 of its group, or
                "" for an ungrouped task. A queue whose conf holds "parts"
                refuses calls without them.
@@ -53,7 +55,7 @@
 --- @include "ready"
 --- @include "groups"
 
-local PER = 13
+local PER = 14
 local window, n = tonumber(ARGV[2]), tonumber(ARGV[3])
 local HASHES = n and 4 + PER * n -- ARGV[HASHES] is p, ARGV[HASHES + 1 + i] task i's hash
 local routed = n and #ARGV == 4 + PER * n + n
@@ -206,6 +208,7 @@ for i = 0, n - 1 do
     end
     local fields = { 'e', ARGV[b + 2], 'm', ARGV[b + 5], 'a', 0, 's', state, 'dt', due }
     if g then fields[#fields + 1] = 'g'; fields[#fields + 1] = g end
+    if ARGV[b + 13] ~= '' then fields[#fields + 1] = 'i'; fields[#fields + 1] = ARGV[b + 13] end
     if level > 0 then fields[#fields + 1] = 'p'; fields[#fields + 1] = level end
     if xp then fields[#fields + 1] = 'xp'; fields[#fields + 1] = xp end
     if ARGV[b + 7] == '1' and p.dkey ~= '' then

@@ -167,3 +167,10 @@ def dead_letter(row: DeadRow) -> DeadLetter:
         attempts=row.attempts,
         dead_at=row.dead_at_ms / 1000,
     )
+
+
+def identity(envelope: Envelope) -> str:
+    """What an ended task keeps of its envelope (the hash's ``i``): its enqueue
+    time in ms, its payload's size in bytes and its type, written at enqueue
+    so that ending a task reads nothing of its envelope."""
+    return f"{envelope.enqueued_ms} {len(envelope.payload)} {envelope.type}"

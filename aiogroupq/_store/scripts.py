@@ -98,6 +98,8 @@ class NewTask:
     expire_at_ms: int = 0  # must start before this Unix ms (server clock)
     schedule: str | None = None  # enqueued only if *tick* is the schedule's newest
     tick_ms: int = 0
+    #: what the task keeps once ended (``codec.identity``); "": nothing
+    identity: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +155,7 @@ async def enqueue(
             t.expire_at_ms,
             t.schedule or "",
             t.tick_ms,
+            t.identity,
         )
     if routing is not None:
         args.append(routing.partition)

@@ -23,7 +23,7 @@ import anyio
 import msgspec
 
 from .._store import routing as _routing, scripts as _scripts, validate as _validate
-from .._store.codec import EncodeFailure, encode_payload, pack
+from .._store.codec import EncodeFailure, encode_payload, identity, pack
 from .._store.connection import REDIS_FAILURES, node_of
 from .._store.defaults import DEFAULT_DEDUP_WINDOW, DEFAULT_MAX_ATTEMPTS
 from .._store.partition import Partitions, in_partition
@@ -327,6 +327,7 @@ class Schedule:
             else tick_ms + _validate.to_ms(self.expires),
             schedule=self.name,
             tick_ms=tick_ms,
+            identity=identity(envelope),
         )
 
 

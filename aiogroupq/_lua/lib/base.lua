@@ -27,8 +27,8 @@
     x error or reason  tb traceback  ft end time  r result  w waited for
     cx cancel requested  p priority (> 0 only)  xp expires at (until the
     first start)  u unique dedup key  dt when it became due (server ms)
-    i what identifies an ended task: "<enqueue ms> <payload size> <type>"
-      (lib/ends.lua)
+    i what an ended task keeps: "<enqueue ms> <payload size> <type>",
+      written at enqueue
     cl when it was last claimed (server ms; grouped tasks: a pause of its
     group waits on it)
 
