@@ -24,6 +24,7 @@ that error (:func:`~aiogroupq._store.replies.public_error`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import re
 from collections.abc import Sequence
@@ -43,7 +44,9 @@ if TYPE_CHECKING:
     from .keys import QueueKeys
 
 
+@functools.cache
 def _read(path: str) -> str:
+    # Cached: every script includes lib/base.lua and most of the others.
     return files("aiogroupq").joinpath("_lua", path).read_text(encoding="utf-8")
 
 
@@ -85,14 +88,21 @@ def _binding(names: Sequence[str]) -> str:
     return f"local {local} = {keys}\n"
 
 
-def _check_keys(name: str, declared: Sequence[str], source: str) -> None:
-    """Refuse a script whose source, helpers included, reads a fixed key it
-    does not declare (an error once that line runs) or declares one it never
-    reads."""
+@functools.cache
+def _fixed_read(path: str) -> frozenset[str]:
+    """The fixed keys one Lua file reads (outside its comments), found once
+    per file rather than once per script that includes it."""
+    source = _COMMENT.sub("", _read(path))
+    return frozenset(m.lower() for m in _FIXED_READ.findall(source))
+
+
+def _check_keys(name: str, declared: Sequence[str], read: frozenset[str]) -> None:
+    """Refuse a script whose source, helpers included (*read*: the fixed keys
+    they read), reads a fixed key it does not declare (an error once that
+    line runs) or declares one it never reads."""
     unknown = set(declared) - set(FIXED_KEYS)
     if unknown or len(set(declared)) != len(declared):
         raise ValueError(f"{name}.lua: bad fixed keys {declared!r}")
-    read = {m.lower() for m in _FIXED_READ.findall(_COMMENT.sub("", source))}
     if read != set(declared):
         raise ValueError(
             f"{name}.lua reads the fixed keys {sorted(read)} but declares "
@@ -117,8 +127,12 @@ class Script:
         shebang, _, rest = (
             body.partition("\n") if body.startswith("#!") else ("", "", body)
         )
-        resolved = _resolve(rest, set())
-        _check_keys(name, self.key_names, resolved)
+        included: set[str] = set()
+        resolved = _resolve(rest, included)
+        read = _fixed_read(f"{name}.lua").union(
+            *(_fixed_read(f"lib/{lib}.lua") for lib in included)
+        )
+        _check_keys(name, self.key_names, read)
         # The bindings come first: every helper reads the locals they make.
         bound = _binding(self.key_names) + resolved
         self.source = (shebang + "\n" + bound).encode()

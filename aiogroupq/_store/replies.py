@@ -78,6 +78,12 @@ class CancelCode(IntEnum):
     FINISHED = 3
 
 
+#: each code's member by its value, for the replies read for every task
+#: (a lookup costs a fifth of an enum call)
+FINISH_CODES: Final = {code.value: code for code in FinishCode}
+HEARTBEAT_CODES: Final = {code.value: code for code in HeartbeatCode}
+
+
 #: the id ``enqueue.lua`` answers for a task whose group moved to its new
 #: partition (nothing written for it: the producer sends it there)
 MOVED: Final = ">"

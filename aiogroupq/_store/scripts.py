@@ -19,6 +19,8 @@ from redis.exceptions import ResponseError
 
 from .lua import Script
 from .replies import (
+    FINISH_CODES,
+    HEARTBEAT_CODES,
     CancelCode,
     FinishCode,
     HeartbeatCode,
@@ -307,7 +309,7 @@ async def finish(
     args: list[EncodableT] = [retention_ms, len(outcomes)]
     for o in outcomes:
         args += (o.id, o.token, o.kind, o.arg1, o.arg2)
-    return [FinishCode(int(code)) for code in await FINISH(client, keys, (), args)]
+    return [FINISH_CODES[int(code)] for code in await FINISH(client, keys, (), args)]
 
 
 async def recover(
@@ -370,7 +372,7 @@ async def heartbeat(
             args += (name, value)
     if replication is None:
         reply = await HEARTBEAT(client, keys, extra, args)
-        return [HeartbeatCode(int(code)) for code in reply]
+        return [HEARTBEAT_CODES[int(code)] for code in reply]
     reply, acked = await HEARTBEAT.replicated(
         client,
         keys,
@@ -379,7 +381,7 @@ async def heartbeat(
         replicas=replication.replicas,
         timeout_ms=replication.timeout_ms,
     )
-    codes = [HeartbeatCode(int(code)) for code in reply]
+    codes = [HEARTBEAT_CODES[int(code)] for code in reply]
     if acked < replication.replicas:
         raise NotReplicatedRefusal([str(int(c)) for c in codes], acked)
     return codes

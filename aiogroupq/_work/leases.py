@@ -23,7 +23,7 @@ from .._store import scripts as _scripts
 from .._store.connection import REDIS_FAILURES
 from .._store.fanout import each_partition
 from .._store.registry import leave_registry
-from .._store.replies import HeartbeatCode, NotReplicatedRefusal
+from .._store.replies import HEARTBEAT_CODES, HeartbeatCode, NotReplicatedRefusal
 from .identity import Identity
 
 if TYPE_CHECKING:
@@ -166,7 +166,7 @@ class LeaseKeeper:
             # The server's answers stand (a lost lease is lost), but a
             # failover now could take the extension back: keep the deadlines.
             logger.warning("no replica acknowledged a heartbeat in time")
-            alive = [HeartbeatCode(int(code)) for code in refusal.ids]
+            alive = [HEARTBEAT_CODES[int(code)] for code in refusal.ids]
             extended = False
         except REDIS_FAILURES as exc:
             # Each handler stops by itself at its local lease deadline.
