@@ -165,11 +165,14 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Benchmarks beside arq, saq, streaq and taskiq-redis (docs/benchmarks.md).
+    """Benchmarks beside arq, saq, streaq, taskiq-redis and BullMQ
+    (docs/benchmarks.md).
 
     Arguments go to ``python -m benchmarks``, e.g.
-    ``nox -s bench -- --quick --only aiogroupq``. Each library is installed into
-    its own environment under ``benchmarks/.venvs`` on first use.
+    ``nox -s bench -- --quick --only aiogroupq`` or ``-- --charts docs/images``.
+    Each library is installed into its own environment under
+    ``benchmarks/.venvs`` on first use (BullMQ with npm; skipped, with the
+    reason, without Node.js).
     """
     session.install("-e", ".[server]")
     session.run("python", "-m", "benchmarks", *session.posargs)

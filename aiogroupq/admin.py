@@ -16,14 +16,25 @@ __all__ = (
     "TaskDetails",
 )
 
+import functools
 import math
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Final, Literal, Self
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Concatenate,
+    Final,
+    Literal,
+    ParamSpec,
+    Self,
+    TypeVar,
+)
 
 import anyio
+from redis.exceptions import ResponseError
 
 from ._inspect import (
     aggregate as _aggregate,
@@ -31,6 +42,7 @@ from ._inspect import (
     reads as _observe,
     repartition as _repartition,
 )
+from ._inspect.refusals import view_refusal
 from ._inspect.views import (
     ConsumerInfo,
     GroupInfo,
@@ -51,9 +63,10 @@ from ._store.fanout import (
     requeue_dead,
 )
 from ._store.handle import QueueHandle
-from ._store.layout import refresh
+from ._store.layout import UNREADABLE, refresh
 from ._store.queries import dead_ids
 from ._store.server_checks import check_server
+from ._store.wrongtype import corrupt_key, is_wrong_type
 from .errors import ConfigurationError, InvalidGroupError, TaskNotFoundError
 
 if TYPE_CHECKING:
@@ -139,6 +152,32 @@ class QueueSettings:
     group_rate: Rate | None = None
     priority_aging: float | None = None
     paused: bool = False
+
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def _refusals_named(
+    view: Callable[Concatenate[Admin, P], Coroutine[Any, Any, T]],
+) -> Callable[Concatenate[Admin, P], Coroutine[Any, Any, T]]:
+    """A view whose script Redis refused a command raises
+    :class:`~aiogroupq.PermissionDeniedError` naming the commands to grant:
+    Redis 7.0 answers a refusal inside a script with a plain ``ERR`` whose
+    wording varies, so the commands are tried out instead
+    (``_inspect/refusals.py``)."""
+
+    @functools.wraps(view)
+    async def wrapper(self: Admin, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return await view(self, *args, **kwargs)
+        except Exception as exc:
+            named = await view_refusal(self._open_client(), self._keys, exc)
+            if named is None:
+                raise
+            raise named from exc
+
+    return wrapper
 
 
 class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
@@ -353,8 +392,19 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
 
     @unavailable_as_error
     async def settings(self) -> QueueSettings:
-        """The queue's settings."""
-        raw: Any = await self._open_client().hgetall(self._keys.conf)
+        """The queue's settings.
+
+        :raises CorruptQueueError: if its ``conf`` hash holds another type
+        """
+        client = self._open_client()
+        try:
+            raw: Any = await client.hgetall(self._keys.conf)
+        except ResponseError as exc:
+            if not is_wrong_type(exc):
+                raise
+            raise await corrupt_key(
+                client, self._keys.conf, "hash", UNREADABLE
+            ) from None
         fields = {bytes(k).decode(): bytes(v).decode() for k, v in raw.items()}
         aging = _int_or_none(fields.get("age"))
         group_rate = None
@@ -390,6 +440,7 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
     # -- views ----------------------------------------------------------------
 
     @unavailable_as_error
+    @_refusals_named
     async def stats(self) -> QueueStats:
         """The queue's counts: tasks ready, parked, held back, delayed,
         running and dead; groups with live tasks, waiting, halted, paused and
@@ -406,6 +457,7 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
         return await _aggregate.queue_stats(self._open_client(), parts)
 
     @unavailable_as_error
+    @_refusals_named
     async def group_info(self, group: str) -> GroupInfo:
         """A group as seen now, with its state and the reason for it: why it
         is, or is not, running (one script call, after one ``HGET`` of the
@@ -419,6 +471,7 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
         )
 
     @unavailable_as_error
+    @_refusals_named
     async def groups(
         self, *, sort: GroupSort = "busiest", limit: int = 20, cursor: int = 0
     ) -> GroupPage:
@@ -450,6 +503,7 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
         )
 
     @unavailable_as_error
+    @_refusals_named
     async def task(self, task_id: str) -> TaskDetails:
         """One task as seen now: state, attempts, consumer and lease, due
         time, error, place in its group, payload.
@@ -476,6 +530,7 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
         return (await self.task(task_id)).position
 
     @unavailable_as_error
+    @_refusals_named
     async def consumers(self, *, limit: int = 1000) -> list[ConsumerInfo]:
         """The registered consumers, live ones first (latest heartbeat first),
         then those gone silent in the last few leases.
@@ -488,10 +543,26 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
     # -- dead letters ---------------------------------------------------------
 
     @unavailable_as_error
-    async def dead_letters(self, *, limit: int = 100) -> list[DeadLetter]:
-        """The oldest *limit* dead-lettered tasks of the queue, oldest first."""
+    async def dead_letters(
+        self, *, limit: int = 100, payloads: bool = True
+    ) -> list[DeadLetter]:
+        """The oldest *limit* dead-lettered tasks of the queue, oldest first.
+
+        :param payloads: ``False`` leaves the bulky fields unread: each
+            letter's ``payload`` is then ``None`` and its ``traceback``
+            ``""``, and the listing reads a few hundred bytes per letter
+            however large the payloads are (a page that shows no payloads)
+        """
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"limit must be an int >= 1, got {limit!r}")
+        if not isinstance(payloads, bool):
+            raise ConfigurationError(
+                f"payloads must be True or False, got {payloads!r}"
+            )
+        if not payloads:
+            return await _observe.dead_letters_brief(
+                self._open_client(), await self._current(), limit
+            )
         rows = await dead_letter_rows(self._open_client(), await self._current(), limit)
         return [dead_letter(row) for row in rows]
 
@@ -500,7 +571,15 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
         """Run dead-lettered tasks again, each at the front of its group with a
         fresh set of attempts (a group halted by it resumes with it).
 
-        :return: how many of *task_ids* were dead and were requeued
+        A requeue adds a live task to its group as an enqueue does, so it
+        keeps the group's ``max_size``: a dead letter whose group is full
+        stays dead (and is not counted); requeue it once the group has room.
+        The one exception is the task a group is halted behind, the group's
+        only way on: it is requeued even into a full group.
+
+        :return: how many of *task_ids* were dead and were requeued (not
+            counted: ids that were not dead, had damaged keys, or belong to
+            a full group)
         """
         ids = [_validate.task_id(t) for t in task_ids]
         return await requeue_dead(self._open_client(), await self._current(), ids)

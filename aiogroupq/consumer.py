@@ -36,6 +36,7 @@ from ._store.server_checks import check_replicas, check_server
 from ._store.validate import setting_int, setting_seconds
 from ._telemetry.consumer import Telemetry
 from ._telemetry.events import Observer, Observers, check_observers
+from ._work.damage import DamageWatch
 from ._work.fetcher import FetchContext, Fetchers, SlotPool
 from ._work.handlers import Handler, HandlerFunc, build_routes
 from ._work.leases import LeaseKeeper
@@ -72,7 +73,11 @@ class Consumer:
     Entering checks the server (version, eviction policy, credentials) and
     takes the consumer's name: it raises :class:`~aiogroupq.RedisUnavailableError`,
     :class:`~aiogroupq.AuthenticationError` or a
-    :class:`~aiogroupq.ConfigurationError` when it cannot start.
+    :class:`~aiogroupq.ConfigurationError` when it cannot start, and
+    :class:`~aiogroupq.CorruptQueueError` when a key of the queue is damaged.
+    A running consumer outlives a damaged key instead: it logs an ERROR
+    naming the key, claims nothing and keeps its tasks' outcomes until
+    ``aiogroupq check --repair`` repaired it, then resumes by itself.
 
     :param redis: a ``redis://`` URL, or a ``redis.asyncio.Redis`` client to
         borrow (never closed by us; must have ``decode_responses=False``)
@@ -255,6 +260,8 @@ class Consumer:
         :raises AuthenticationError: if Redis refuses the credentials
         :raises PermissionDeniedError: if the Redis user may not use this queue
         :raises RedisUnavailableError: if Redis does not answer within 5 s
+        :raises CorruptQueueError: if a key of the queue is damaged (run
+            ``aiogroupq check --repair``)
         """
         # Like anyio's AsyncContextManagerMixin, written out to refuse a
         # second entry with a typed error, and already while the first one is
@@ -286,6 +293,7 @@ class Consumer:
     async def __asynccontextmanager__(self) -> AsyncGenerator[Self]:
         # A fresh run: nothing of a previous one may leak into it.
         self._running.clear()
+        watch = self._leases.watch = DamageWatch(self.queue)
         async with open_client(self._redis, retry=False) as client:
             await check_server(client, eviction=not self._allow_eviction)
             with translated_errors():
@@ -296,10 +304,15 @@ class Consumer:
                 await self._leases.identity.acquire(client)
             # Registered (aiogroupq consumers) before it claims anything; each
             # heartbeat renews the entry with the leases.
-            await self._leases.heartbeat(client)
+            try:
+                await self._leases.heartbeat(client, starting=True)
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await self._leases.release(client)
+                raise
             with _collapse_excgroups():
                 async with anyio.create_task_group() as outer:
-                    outcomes = self._outcomes(client, outer)
+                    outcomes = self._outcomes(client, outer, watch)
                     workers = Workers(
                         self._concurrency,
                         outcomes,
@@ -309,7 +322,7 @@ class Consumer:
                         observers=self._telemetry.observers,
                     )
                     fetchers = Fetchers(
-                        self._parts, self._fetch_context(workers.slots, outcomes)
+                        self._parts, self._fetch_context(workers.slots, outcomes, watch)
                     )
                     outer.start_soon(outcomes.finisher.run)
                     outer.start_soon(self._leases.run, client)
@@ -349,7 +362,9 @@ class Consumer:
 
     # -- collaborators of one run --------------------------------------------
 
-    def _outcomes(self, client: Client, side_tasks: TaskGroup) -> Outcomes:
+    def _outcomes(
+        self, client: Client, side_tasks: TaskGroup, watch: DamageWatch
+    ) -> Outcomes:
         return Outcomes(
             client,
             self._parts,
@@ -359,9 +374,12 @@ class Consumer:
             on_dead=self._on_dead,
             retention_ms=self._retention_ms,
             side_tasks=side_tasks,
+            watch=watch,
         )
 
-    def _fetch_context(self, slots: SlotPool, outcomes: Outcomes) -> FetchContext:
+    def _fetch_context(
+        self, slots: SlotPool, outcomes: Outcomes, watch: DamageWatch
+    ) -> FetchContext:
         return FetchContext(
             name=self.name,
             queue=self.queue,
@@ -373,6 +391,7 @@ class Consumer:
             running=self._running,
             counters=self._counters,
             outcomes=outcomes,
+            watch=watch,
         )
 
 

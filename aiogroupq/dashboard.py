@@ -9,8 +9,14 @@ purge dead letters, cancel a task) through the same calls as the
 ``aiogroupq`` operator commands. Serve it alone with ``aiogroupq dashboard``,
 or mount it in a FastAPI (or any ASGI) application::
 
-    dashboard = aiogroupq.dashboard.create_app(client, queues=["imports"], auth=is_admin)
+    dashboard = aiogroupq.dashboard.create_app(
+        client, queues=["imports"], auth=is_admin, allowed_hosts=["ops.example.com"]
+    )
     app.mount("/dashboard", dashboard)
+
+It answers only to the host names it is given (the loopback's by default:
+a ``Host`` check against DNS rebinding), and shows neither payloads nor
+error messages unless told to.
 
 Pages render without JavaScript; one small script (shipped in the package,
 like the templates and the stylesheet: nothing comes from a CDN) refreshes
@@ -39,6 +45,7 @@ except ImportError as _missing:
 from ._dashboard._app import build_app
 from ._dashboard._auth import AuthCheck, Guard
 from ._dashboard._base import Dashboard
+from ._dashboard._hosts import LOOPBACK, AllowedHosts
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -54,6 +61,8 @@ def create_app(
     auth: AuthCheck | None = None,
     read_only: bool = False,
     show_payloads: bool = False,
+    show_errors: bool | None = None,
+    allowed_hosts: Sequence[str] | None = None,
     refresh: float | timedelta = 2.0,
     history: float | timedelta = 600.0,
 ) -> Starlette:
@@ -63,7 +72,9 @@ def create_app(
     reaches them and nothing can be changed (the actions answer 403 and
     their buttons are not shown). Every form is protected against cross-site
     requests (a per-browser token in a cookie and in the form, and an
-    ``Origin`` check).
+    ``Origin`` check). It answers only to *allowed_hosts*: a request with
+    another ``Host`` gets a 400 (a page of another site that a DNS
+    rebinding points at this address reads nothing).
 
     The app's lifespan samples the queues every few seconds for the charts
     and closes the client it created. Mounted in another application, whose
@@ -84,6 +95,16 @@ def create_app(
     :param read_only: refuse every action, whoever asks
     :param show_payloads: show task payloads and results (hidden by default:
         they may hold personal data or secrets)
+    :param show_errors: show error messages, dead-letter reasons and
+        tracebacks, which may quote a payload; ``None`` (the default): when
+        *show_payloads* is true
+    :param allowed_hosts: the ``Host`` names (``name``, ``name:port``,
+        ``*.domain``) browsers reach the dashboard by; forms must come from
+        a page of one of them. ``None`` (the default): the loopback only
+        (``localhost``, ``127.0.0.1``, ``::1``), so a dashboard served or
+        mounted on a real name needs that name here; ``["*"]`` turns the
+        check off, for a host application that checks ``Host`` itself
+        (Starlette's ``TrustedHostMiddleware``)
     :param refresh: seconds between live refreshes of an open page
     :param history: seconds of throughput history kept and charted
     :raises ConfigurationError: for an unusable argument
@@ -93,11 +114,15 @@ def create_app(
     if history_s > 86_400:
         raise ConfigurationError(f"history must be at most a day, got {history!r}")
     guard = Guard(token=token, auth=auth, read_only=read_only)
+    if show_errors is None:
+        show_errors = show_payloads
     dash = Dashboard(
         redis,
         queues=queues,
         guard=guard,
         show_payloads=show_payloads,
+        show_errors=show_errors,
+        hosts=AllowedHosts(LOOPBACK if allowed_hosts is None else allowed_hosts),
         refresh=refresh_s,
         window=history_s,
     )

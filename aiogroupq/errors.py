@@ -8,7 +8,7 @@ The hierarchy::
     │   └── PermissionDeniedError   the Redis user may not run a command or touch a key
     ├── ConsumerRunningError        a Consumer was entered while already running
     ├── InvalidTaskError            a task is refused before anything is written
-    │   ├── BatchTooLargeError      more tasks in one enqueue_many than allowed
+    │   ├── BatchTooLargeError      more tasks, or bytes, in one enqueue_many than allowed
     │   ├── InvalidGroupError       empty, too long or not a string
     │   ├── PayloadTooLargeError    encoded payload over the producer's limit
     │   ├── UnencodablePayloadError MessagePack cannot encode the payload
@@ -24,6 +24,7 @@ The hierarchy::
     ├── CorruptQueueError           a key of the queue holds something no script wrote
     │   └── CorruptTaskError        a task's stored fields are not what aiogroupq writes
     ├── RedisUnavailableError       Redis could not be reached within the budget
+    │   └── OutcomeUnknownError     an enqueue was sent but no reply came: written or not
     ├── NotReplicatedError          written on the primary, not acknowledged by a replica
     └── MissingExtraError           an optional module's package is not installed
 
@@ -47,6 +48,7 @@ __all__ = (
     "MissingExtraError",
     "NoResultError",
     "NotReplicatedError",
+    "OutcomeUnknownError",
     "PayloadTooLargeError",
     "PermissionDeniedError",
     "QueueFullError",
@@ -60,7 +62,11 @@ __all__ = (
     "UnknownTaskTypeError",
 )
 
+import math
 from datetime import timedelta
+from typing import Literal
+
+from ._store.defaults import MAX_DELAY
 
 
 class AiogroupqError(Exception):
@@ -138,16 +144,32 @@ class InvalidGroupError(InvalidTaskError):
 
 
 class BatchTooLargeError(InvalidTaskError):
-    """``enqueue_many`` got more tasks than one atomic call may carry."""
+    """``enqueue_many`` got more tasks, or more bytes of encoded tasks, than
+    one atomic call may carry: split the batch.
 
-    def __init__(self, size: int, limit: int) -> None:
-        super().__init__(
-            "tasks",
-            f"{size} tasks in one enqueue_many; at most {limit} are enqueued "
-            "atomically (one script call must stay short): split the batch",
-        )
+    :ivar size: how many tasks (or bytes) the call held
+    :ivar limit: how many it may hold
+    :ivar unit: ``"tasks"`` or ``"bytes"``
+    """
+
+    def __init__(
+        self, size: int, limit: int, *, unit: Literal["tasks", "bytes"] = "tasks"
+    ) -> None:
+        if unit == "bytes":
+            detail = (
+                f"{size} bytes of encoded tasks in one enqueue_many; at most "
+                f"{limit} are enqueued atomically (one script call must stay "
+                "short): split the batch, or raise Producer(max_batch_bytes=...)"
+            )
+        else:
+            detail = (
+                f"{size} tasks in one enqueue_many; at most {limit} are enqueued "
+                "atomically (one script call must stay short): split the batch"
+            )
+        super().__init__("tasks", detail)
         self.size = size
         self.limit = limit
+        self.unit = unit
 
 
 class PayloadTooLargeError(InvalidTaskError):
@@ -293,6 +315,37 @@ class RedisUnavailableError(AiogroupqError, ConnectionError):
         self.detail = detail
 
 
+class OutcomeUnknownError(RedisUnavailableError):
+    """An enqueue was sent to Redis and no reply came within the budget (the
+    reply was lost, or the server was still running the script, or frozen):
+    its tasks may have been written or not. Each call's tasks are written
+    atomically, all or none (per partition, in a partitioned queue). A
+    :class:`RedisUnavailableError` that is not this one means that nothing
+    was written.
+
+    Enqueueing the same tasks again would give them new ids, and so could
+    write them twice: first ask :meth:`~aiogroupq.Producer.status_many` for
+    :attr:`task_ids` once Redis answers (``None``: not written), or give the
+    tasks a ``dedup_key``, which makes a second enqueue return the first ids.
+
+    :ivar task_ids: the ids the tasks were sent with, in the call's order
+    :ivar detail: where and why, as for :class:`RedisUnavailableError`
+    """
+
+    def __init__(self, task_ids: list[str], detail: str) -> None:
+        shown = ", ".join(task_ids[:5]) + (" ..." if len(task_ids) > 5 else "")
+        super().__init__(detail)
+        self.args = (
+            (
+                f"outcome unknown: {len(task_ids)} tasks ({shown}) may have "
+                f"reached Redis and no reply came ({detail}); they were either "
+                "all written or none: check Producer.status_many(error.task_ids) "
+                "before enqueueing them again"
+            ),
+        )
+        self.task_ids = task_ids
+
+
 class NotReplicatedError(AiogroupqError):
     """With ``durability="replicated"``: the tasks were written on the
     primary, but fewer replicas than asked acknowledged them in time. They
@@ -327,14 +380,22 @@ class Retry(Exception):  # a control-flow signal, like anyio's WouldBlock
     stays held until the retry runs, so no later task of the group overtakes it.
 
     :param delay: seconds (or a :class:`~datetime.timedelta`) before the next
-        attempt; ``None`` uses the consumer's backoff policy
+        attempt, at most 365 days; ``None`` uses the
+        consumer's backoff policy
+    :raises ValueError: for a negative, infinite or longer delay (raised in
+        the handler, it fails the attempt like any other error)
     """
 
     def __init__(self, delay: float | timedelta | None = None) -> None:
         if isinstance(delay, timedelta):
             delay = delay.total_seconds()
-        if delay is not None and not delay >= 0:
-            raise ValueError(f"Retry delay must be >= 0 seconds, got {delay!r}")
+        # A grouped task holds its group until its retry runs: an endless
+        # delay would hold it for good (and inf cannot become server ms).
+        if delay is not None and not (math.isfinite(delay) and 0 <= delay <= MAX_DELAY):
+            raise ValueError(
+                f"Retry delay must be from 0 to {MAX_DELAY:.0f} seconds (365 days), "
+                f"got {delay!r}"
+            )
         super().__init__(delay)
         self.delay: float | None = delay
 

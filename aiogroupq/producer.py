@@ -18,15 +18,21 @@ from ._inspect.aggregate import statuses
 from ._inspect.reads import id_list
 from ._store import routing as _routing, scripts as _scripts, validate as _validate
 from ._store.codec import EncodeFailure, decode_result, encode_payload, identity, pack
-from ._store.connection import RedisLike, open_client, socket_timeout
+from ._store.connection import (
+    RedisLike,
+    open_client,
+    sees_every_try,
+    socket_timeout,
+)
 from ._store.defaults import (
     DEFAULT_DEDUP_WINDOW,
     DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_MAX_BATCH_BYTES,
     DEFAULT_MAX_PAYLOAD_BYTES,
     DEFAULT_RETENTION,
     MAX_BATCH,
 )
-from ._store.failures import unavailable_as_error
+from ._store.failures import outcome_of, unavailable_as_error
 from ._store.handle import QueueHandle
 from ._store.partition import in_partition
 from ._store.queries import task_state
@@ -87,6 +93,15 @@ class Producer(QueueHandle, anyio.AsyncContextManagerMixin):
         the primary wrote it; ``"replicated"``: once a replica acknowledged
         it too (``WAIT``), else :class:`~aiogroupq.NotReplicatedError`, so
         that a failover cannot lose it (docs/guarantees.md)
+    :param max_batch_bytes: refuse an ``enqueue_many`` of more than one task
+        whose encoded tasks add up to more than this
+        (:class:`~aiogroupq.BatchTooLargeError`; 8 MiB by default), so that
+        its atomic script does not hold Redis long
+    :param dedup_scope: where a task's ``dedup_key`` holds when the task
+        does not say: ``"group"`` (the default): among the tasks of its
+        group (a task without a group: queue-wide); ``"queue"``: across the
+        whole queue, whatever the group (what every key did before this
+        option existed)
     :raises ConfigurationError: if an argument is unusable
 
     Entering checks the server: its version and its eviction policy
@@ -95,7 +110,10 @@ class Producer(QueueHandle, anyio.AsyncContextManagerMixin):
     (:class:`~aiogroupq.RedisUnavailableError`). With a client made from a
     URL, each Redis round trip of a call, re-sends included, gets 5 seconds
     before the call raises :class:`~aiogroupq.RedisUnavailableError`; a
-    borrowed client keeps its own timeouts and retry policy.
+    borrowed client keeps its own timeouts and retry policy. An enqueue
+    whose request may have reached Redis without a reply coming back raises
+    its subclass :class:`~aiogroupq.OutcomeUnknownError` instead: its tasks
+    may have been written.
     """
 
     def __init__(
@@ -112,12 +130,17 @@ class Producer(QueueHandle, anyio.AsyncContextManagerMixin):
         observers: Sequence[Observer] = (),
         partitions: int | None = None,
         durability: Literal["primary", "replicated"] = "primary",
+        max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+        dedup_scope: Literal["group", "queue"] = "group",
     ) -> None:
         super().__init__(redis, queue, partitions)
         self._replication = _validate.durability(durability)
         self._observers = Observers(queue, check_observers(observers))
         _validate.setting_int("max_payload_bytes", max_payload_bytes)
         _validate.setting_int("default_max_attempts", default_max_attempts)
+        _validate.setting_int("max_batch_bytes", max_batch_bytes)
+        self._max_batch_bytes = max_batch_bytes
+        self._dedup_scope = _validate.setting_dedup_scope(dedup_scope)
         window = _validate.setting_seconds("dedup_window", dedup_window, minimum=0.001)
         self._max_payload_bytes = max_payload_bytes
         self._task_types = None if task_types is None else frozenset(task_types)
@@ -160,6 +183,7 @@ class Producer(QueueHandle, anyio.AsyncContextManagerMixin):
         priority: int | None = None,
         expires: float | timedelta | datetime | None = None,
         unique: bool = False,
+        dedup_scope: Literal["group", "queue"] | None = None,
     ) -> str:
         """Enqueue one task and return its id.
 
@@ -169,14 +193,16 @@ class Producer(QueueHandle, anyio.AsyncContextManagerMixin):
         :param group: tasks of one group run one at a time, in enqueue order;
             ``None`` runs the task in parallel with everything else
         :param delay: seconds (or a timedelta) before the task may start,
-            measured on the Redis server's clock
+            measured on the Redis server's clock; at most 365 days
         :param dedup_key: within the producer's ``dedup_window`` a second
-            enqueue with the same key enqueues nothing and returns the first id
+            enqueue with the same key (in the same group, see *dedup_scope*)
+            enqueues nothing and returns the first id
         :param max_attempts: runs before the task is dead-lettered
         :param timeout: seconds one attempt may run before it is cancelled and
             counted as failed
         :param run_at: an aware datetime before which the task may not start
-            (instead of *delay*); compared with the Redis server's clock
+            (instead of *delay*); compared with the Redis server's clock; at
+            most 365 days ahead
         :param priority: 0 to 9; a runnable task of higher priority starts
             before lower ones (``None``: the group's default priority, else 0).
             Within a group, tasks still start in enqueue order
@@ -185,15 +211,21 @@ class Producer(QueueHandle, anyio.AsyncContextManagerMixin):
             :attr:`TaskState.EXPIRED` without running and its group moves on
         :param unique: with *dedup_key*: the key blocks duplicates for as long
             as this task has not ended, instead of for the dedup window
+        :param dedup_scope: where *dedup_key* holds: ``"group"``, among the
+            tasks of *group* (without a group: queue-wide); ``"queue"``,
+            across the queue; ``None``: the producer's ``dedup_scope``
         :return: the task id (the first task's, when deduplicated)
         :raises InvalidTaskError: (or a subclass) for a bad argument; nothing
             is written to Redis
         :raises QueueFullError: if Redis is out of memory; nothing is written
         :raises GroupFullError: if the group is at its ``max_size``; nothing
             is written
+        :raises OutcomeUnknownError: if the enqueue may have reached Redis
+            and no reply came within the budget: the task may have been
+            written (``task_ids`` holds its id)
         :raises RedisUnavailableError: if Redis stayed unreachable through
-            about 5 seconds of retries (a re-sent enqueue never duplicates a
-            task: ids are made here)
+            about 5 seconds of retries; nothing is written (a re-sent enqueue
+            never duplicates a task: ids are made here)
         """
         task = Task(
             task_type,
@@ -207,6 +239,7 @@ class Producer(QueueHandle, anyio.AsyncContextManagerMixin):
             priority=priority,
             expires=expires,
             unique=unique,
+            dedup_scope=dedup_scope,
         )
         ids = await self._enqueue([task], [self._prepare(task)])
         return ids[0]
@@ -217,14 +250,19 @@ class Producer(QueueHandle, anyio.AsyncContextManagerMixin):
 
         Tasks of one group keep the order they have in *tasks*. Every task is
         checked before anything is sent: one bad task refuses the whole batch.
-        One call takes at most 1,000 tasks, so that the
-        atomic script stays short; split larger batches.
+        One call takes at most 1,000 tasks and, with more than one task, at
+        most ``max_batch_bytes`` of encoded tasks (8 MiB by default), so that
+        the atomic script stays short; split larger batches.
 
         :raises InvalidTaskError: (or a subclass) for the first bad task;
             nothing is written to Redis
-        :raises BatchTooLargeError: for more than 1,000 tasks
+        :raises BatchTooLargeError: for more than 1,000 tasks, or more bytes
+            than ``max_batch_bytes``; nothing is written
         :raises GroupFullError: if a group would exceed its ``max_size``;
             nothing is written
+        :raises OutcomeUnknownError: if the batch may have reached Redis and
+            no reply came within the budget: all its tasks were written or
+            none (in a partitioned queue: all or none of each partition's)
         """
         self._open_client()
         items = list(tasks)
@@ -239,6 +277,11 @@ class Producer(QueueHandle, anyio.AsyncContextManagerMixin):
             prepared.append(self._prepare(task))
         if not prepared:
             return []
+        if len(prepared) > 1:
+            # What the script call carries, envelopes first: its cost.
+            size = sum(len(new.envelope) + len(new.identity) for _, new in prepared)
+            if size > self._max_batch_bytes:
+                raise BatchTooLargeError(size, self._max_batch_bytes, unit="bytes")
         return await self._enqueue(items, prepared)
 
     async def _enqueue(
@@ -276,14 +319,23 @@ class Producer(QueueHandle, anyio.AsyncContextManagerMixin):
         return ids
 
     async def _send(self, prepared: list[_scripts.NewTask]) -> list[str]:
+        client = self._open_client()
+
+        def certain() -> bool:
+            # Only a plain client of ours shows every try; the parts of a
+            # partitioned queue (known once the call ends: it may have just
+            # read a new layout) go at once, and some may have been written.
+            return sees_every_try(client) and not self._parts.partitioned
+
         try:
-            return await _routing.send(
-                self._open_client(),
-                self._parts,
-                prepared,
-                dedup_window_ms=self._dedup_window_ms,
-                replication=self._replication,
-            )
+            with outcome_of([new.id for new in prepared], certain=certain):
+                return await _routing.send(
+                    client,
+                    self._parts,
+                    prepared,
+                    dedup_window_ms=self._dedup_window_ms,
+                    replication=self._replication,
+                )
         except GroupFullRefusal as refusal:
             group = prepared[refusal.index].group or ""
             raise public_error(refusal, group) from None
@@ -300,7 +352,7 @@ class Producer(QueueHandle, anyio.AsyncContextManagerMixin):
         if self._task_types is not None and task_type not in self._task_types:
             raise UnknownTaskTypeError(task_type, self._task_types)
         group = _validate.group(task.group)
-        delay = _validate.seconds("delay", task.delay, allow_zero=True)
+        delay = _validate.delay(task.delay)
         timeout = _validate.seconds("timeout", task.timeout, allow_zero=False)
         attempts = _validate.max_attempts(task.max_attempts) or (
             self._default_max_attempts
@@ -316,6 +368,7 @@ class Producer(QueueHandle, anyio.AsyncContextManagerMixin):
             raise InvalidTaskError("unique", f"expected a bool, got {task.unique!r}")
         if task.unique and dedup_key is None:
             raise InvalidTaskError("unique", "needs a dedup_key to be unique by")
+        scope = _validate.dedup_scope(task.dedup_scope) or self._dedup_scope
         try:
             payload = encode_payload(task.payload)
         except EncodeFailure as exc:
@@ -345,6 +398,7 @@ class Producer(QueueHandle, anyio.AsyncContextManagerMixin):
             expires_ms=expires_ms,
             expire_at_ms=expire_at_ms,
             identity=identity(envelope),
+            dedup_in_group=scope == "group",
         )
 
     @unavailable_as_error

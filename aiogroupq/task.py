@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import msgspec
 
@@ -48,7 +48,8 @@ class Task:
     :param payload: any MessagePack-encodable value (builtins, msgspec Structs,
         dataclasses, …)
     :param group: tasks sharing a group run one at a time, in enqueue order
-    :param delay: seconds (or a timedelta) before the task may start
+    :param delay: seconds (or a timedelta) before the task may start (at
+        most 365 days)
     :param dedup_key: a second enqueue with this key within the window returns the
         first task's id
     :param max_attempts: attempts before the task is dead-lettered (default 3)
@@ -61,6 +62,9 @@ class Task:
         which the task must start, else it ends ``expired`` without running
     :param unique: with *dedup_key*: the key blocks duplicates until this
         task ends, instead of for the producer's dedup window
+    :param dedup_scope: where *dedup_key* holds: ``"group"``, among the
+        tasks of *group* (without a group: queue-wide); ``"queue"``, across
+        the queue; ``None`` (the default): the producer's ``dedup_scope``
     """
 
     task_type: str
@@ -74,6 +78,7 @@ class Task:
     priority: int | None = None
     expires: float | timedelta | datetime | None = None
     unique: bool = False
+    dedup_scope: Literal["group", "queue"] | None = None
 
     def __init__(  # positional task_type and payload, like enqueue()
         self,
@@ -89,6 +94,7 @@ class Task:
         priority: int | None = None,
         expires: float | timedelta | datetime | None = None,
         unique: bool = False,
+        dedup_scope: Literal["group", "queue"] | None = None,
     ) -> None:
         object.__setattr__(self, "task_type", task_type)
         object.__setattr__(self, "payload", payload)
@@ -101,6 +107,7 @@ class Task:
         object.__setattr__(self, "priority", priority)
         object.__setattr__(self, "expires", expires)
         object.__setattr__(self, "unique", unique)
+        object.__setattr__(self, "dedup_scope", dedup_scope)
 
 
 @dataclass(frozen=True, slots=True)

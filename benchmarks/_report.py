@@ -372,7 +372,12 @@ def cost_table(ours: Result) -> str:
 
 def targets_table(ours: Result, peers: dict[str, Result]) -> str:
     """The DESIGN.md targets that one run can check."""
-    rows = [*_ahead_of_peers(ours, peers), *_under_limits(ours), *_group_shares(ours)]
+    rows = [
+        *_ahead_of_peers(ours, peers),
+        *_against_bullmq(ours, peers.get("bullmq")),
+        *_under_limits(ours),
+        *_group_shares(ours),
+    ]
     return table(("target (DESIGN.md)", "this run", "verdict"), rows)
 
 
@@ -427,6 +432,60 @@ def _ahead_of_peers(ours: Result, peers: dict[str, Result]) -> list[list[str]]:
         _get(ours, "enqueue_batch", "per_s"),
         lambda r: _get(r, "enqueue_batch", "per_s"),
     )
+    return rows
+
+
+def _life_cpu(r: Result, drain_key: str = "drain") -> float | None:
+    """Server CPU of one task's life: its enqueue (100 in flight) and drain."""
+    return _sum(
+        _get(r, drain_key, "enqueue", "server", "redis_cpu_us"),
+        _get(r, drain_key, "server", "redis_cpu_us"),
+    )
+
+
+def _against_bullmq(ours: Result, bullmq: Result | None) -> list[list[str]]:
+    """DESIGN.md's targets against BullMQ. BullMQ's open-source edition has no
+    groups, so its ungrouped drain is the anchor of the grouped target too."""
+    if not bullmq:
+        return []
+    rows = []
+    anchor = _num(_get(bullmq, "drain", "jobs_per_s"))
+
+    def ratio_row(name: str, mine: Any, theirs: Any, floor: float) -> None:
+        m, t = _num(mine), _num(theirs)
+        if m is None or not t:
+            rows.append([name, "—", "not measured"])
+            return
+        factor = m / t
+        verdict = "met" if factor >= floor else "missed"
+        rows.append([name, f"{rate(m)} vs {rate(t)}", f"{verdict} ({factor:.2f}x)"])
+
+    ratio_row(
+        "drain ≥ 1.25x BullMQ's (ungrouped)",
+        _get(ours, "drain", "jobs_per_s"),
+        anchor,
+        1.25,
+    )
+    ratio_row(
+        "drain ≥ 1.1x BullMQ's, every task in its own group "
+        "(against BullMQ's ungrouped drain: groups are BullMQ Pro only)",
+        _get(ours, "grouped_drain", "jobs_per_s"),
+        anchor,
+        1.1,
+    )
+    mine, theirs = _life_cpu(ours), _life_cpu(bullmq)
+    name = "server CPU per task life ≤ 0.35x BullMQ's (enqueue + drain)"
+    if mine is None or not theirs:
+        rows.append([name, "—", "not measured"])
+    else:
+        factor = mine / theirs
+        rows.append(
+            [
+                name,
+                f"{us(mine)} vs {us(theirs)} µs",
+                f"{'met' if factor <= 0.35 else 'missed'} ({factor:.2f}x)",
+            ]
+        )
     return rows
 
 
@@ -512,6 +571,12 @@ def report(meta: dict[str, Any], results: dict[str, Result]) -> str:
         "",
         main_table(results),
     ]
+    skipped = meta.get("skipped") or {}
+    if skipped:
+        parts[3:3] = [
+            "",
+            "Skipped: " + "; ".join(f"{key}: {why}" for key, why in skipped.items()),
+        ]
     if ours and peers:
         parts += ["", comparison_table(ours, peers)]
     if ours and ours.get("has_groups"):

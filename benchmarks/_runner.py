@@ -2,11 +2,15 @@
 
 1. Start one throwaway Redis-protocol server (persistence off) on a free port,
    or use ``--url``.
-2. Create or reuse ``benchmarks/.venvs/<library>`` for each library (pip).
+2. Create or reuse ``benchmarks/.venvs/<library>`` for each library (pip;
+   for BullMQ, ``npm install`` into ``benchmarks/.venvs/bullmq``, see
+   :mod:`benchmarks._node`; without Node.js or the registry BullMQ is skipped
+   with the reason printed).
 3. Run each library's adapter, ``benchmarks/peers/<library>.py``, with that
    environment's Python; it runs the workloads (its workers in their own
    processes) and writes a JSON result.
-4. Print the tables (and write ``--json`` / ``--markdown`` if asked).
+4. Print the tables (and write ``--json`` / ``--markdown`` if asked, and the
+   figures of :mod:`benchmarks.charts` with ``--charts``).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from aiogroupq.testing._server import ServerProcess, find_server_binary
-from benchmarks import _report, _venvs
+from benchmarks import _node, _report, _venvs
 from benchmarks.peers._harness import Resp
 
 
@@ -38,6 +42,8 @@ class Library:
     env: str
     module: str
     options: tuple[str, ...] = ()
+    #: a failure of this library is reported and skipped, not fatal to the run
+    optional: bool = False
 
 
 LIBRARIES: tuple[Library, ...] = (
@@ -54,6 +60,7 @@ LIBRARIES: tuple[Library, ...] = (
         "benchmarks.peers.taskiq_redis",
         ("broker=stream",),
     ),
+    Library("bullmq", "bullmq", "benchmarks.peers.bullmq", optional=True),
 )
 KEYS = tuple(lib.key for lib in LIBRARIES)
 
@@ -181,7 +188,8 @@ def _wait_quiet(limit: float) -> None:
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks",
-        description="aiogroupq side by side with arq, saq, streaq and taskiq-redis.",
+        description="aiogroupq side by side with arq, saq, streaq, taskiq-redis "
+        "and BullMQ (Node.js).",
     )
     _what_to_run(parser)
     _how_to_run(parser)
@@ -224,6 +232,18 @@ def _what_to_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", help="use this server instead of starting one")
     parser.add_argument("--json", type=Path, help="write the raw results here")
     parser.add_argument("--markdown", type=Path, help="write the tables here")
+    parser.add_argument(
+        "--charts",
+        type=Path,
+        metavar="DIR",
+        help="draw the figures of this run (SVG) into DIR (python -m benchmarks.charts)",
+    )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="OLD_JSON",
+        help="with --charts: also draw this run against an earlier run's JSON",
+    )
 
 
 def _how_to_run(parser: argparse.ArgumentParser) -> None:
@@ -277,7 +297,7 @@ def _run_library(
     out = tmp / f"{lib.key}.json"
     argv = [str(env.python), "-m", lib.module, "drive", "--url", url, "--out", str(out)]
     argv += ["--concurrency", str(args.concurrency)]
-    for option in lib.options:
+    for option in (*lib.options, *env.options):
         argv += ["--option", option]
     if args.quick:
         argv.append("--quick")
@@ -311,17 +331,54 @@ def _run_library(
     return result
 
 
+def _environments(
+    chosen: list[Library], args: argparse.Namespace, skipped: dict[str, str]
+) -> dict[str, _venvs.Env]:
+    """Each chosen library's environment; a library that cannot have one here
+    (BullMQ without Node.js or the npm registry) goes into *skipped*."""
+    envs: dict[str, _venvs.Env] = {}
+    for lib in chosen:
+        if lib.env in envs:
+            continue
+        if lib.env == "aiogroupq" and args.aiogroupq_here:
+            envs[lib.env] = _venvs.Env(lib.env, Path(sys.executable))
+        elif lib.env == "bullmq":
+            try:
+                envs[lib.env] = _node.ensure(install=not args.no_install)
+            except _node.Unavailable as exc:
+                skipped[lib.key] = str(exc)
+                print(f"* {lib.key} skipped: {exc}", file=sys.stderr)
+        else:
+            envs[lib.env] = _venvs.ensure(lib.env, install=not args.no_install)
+    return envs
+
+
+def _run_optional(
+    lib: Library,
+    env: _venvs.Env,
+    url: str,
+    args: argparse.Namespace,
+    tmp: Path,
+    skipped: dict[str, str],
+) -> dict[str, Any] | None:
+    """:func:`_run_library`; for an optional library a failure is reported and
+    the run goes on without it."""
+    if not lib.optional:
+        return _run_library(lib, env, url, args, tmp)
+    try:
+        return _run_library(lib, env, url, args, tmp)
+    except (subprocess.SubprocessError, OSError, ValueError) as exc:
+        skipped[lib.key] = f"its run failed ({exc}); its output is above"
+        print(f"* {lib.key} skipped: {skipped[lib.key]}", file=sys.stderr)
+        return None
+
+
 def main(argv: list[str] | None = None) -> None:
     args = _parse(argv)
     chosen = [lib for lib in LIBRARIES if lib.key in args.only.split(",")]
-    envs = {
-        lib.env: (
-            _venvs.Env(lib.env, Path(sys.executable))
-            if lib.env == "aiogroupq" and args.aiogroupq_here
-            else _venvs.ensure(lib.env, install=not args.no_install)
-        )
-        for lib in chosen
-    }
+    skipped: dict[str, str] = {}
+    envs = _environments(chosen, args, skipped)
+    chosen = [lib for lib in chosen if lib.env in envs]
     started = time.monotonic()
     results: dict[str, dict[str, Any]] = {}
     with ExitStack() as stack:
@@ -344,8 +401,11 @@ def main(argv: list[str] | None = None) -> None:
             print(
                 f"* {lib.key} ({' '.join(lib.options) or 'defaults'})", file=sys.stderr
             )
-            results[lib.key] = _run_library(lib, envs[lib.env], url, args, tmp)
+            result = _run_optional(lib, envs[lib.env], url, args, tmp, skipped)
+            if result is not None:
+                results[lib.key] = result
     meta["seconds"] = round(time.monotonic() - started)
+    meta["skipped"] = skipped
     meta["loadavg_after"] = _loadavg()
     text = _report.report(meta, results)
     print(text)
@@ -361,3 +421,11 @@ def main(argv: list[str] | None = None) -> None:
         args.markdown.write_text(text)
     if args.json:
         args.json.write_text(raw)
+    if args.charts:
+        from benchmarks import charts
+
+        baseline = json.loads(args.baseline.read_text()) if args.baseline else None
+        for path in charts.write_all(
+            {"meta": meta, "results": results}, args.charts, baseline
+        ):
+            print(f"* figure: {path}", file=sys.stderr)

@@ -38,6 +38,8 @@ class Env:
 
     name: str
     python: Path
+    #: ``KEY=VALUE`` options the runner passes to the adapter (``--option``)
+    options: tuple[str, ...] = ()
 
 
 def _stamp(name: str) -> str:

@@ -7,7 +7,8 @@ Starlette, Jinja2 and uvicorn; FastAPI).
 
 Run it with ``uvicorn examples.dashboard_app:app [--host HOST] [--port PORT]``
 (``REDIS_URL`` names the server, ``OPERATOR_PASSWORD`` the password of the
-user ``operator``) and open http://127.0.0.1:8000/dashboard/. It shows the
+user ``operator``, ``DASHBOARD_HOSTS`` the comma-separated host names it is
+reached by when that is not this machine's loopback) and open http://127.0.0.1:8000/dashboard/. It shows the
 queue of the getting-started page, ``imports``: a dashboard consumes nothing,
 so watching another example's queue cannot take that example's tasks.
 """
@@ -68,8 +69,14 @@ def create_app(
         operators = {"operator": os.environ.get("OPERATOR_PASSWORD", "")}
     # One pool for the app; it connects on its first command.
     client = redis.asyncio.Redis.from_url(url)
+    # The dashboard answers only to the names it is reached by (a page on
+    # another name could read it by DNS rebinding): loopback unless told.
+    hosts = os.environ.get("DASHBOARD_HOSTS")
     dashboard = create_dashboard(
-        client, queues=[QUEUE], auth=operators_check(operators)
+        client,
+        queues=[QUEUE],
+        auth=operators_check(operators),
+        allowed_hosts=hosts.split(",") if hosts else None,
     )
 
     @asynccontextmanager

@@ -187,12 +187,15 @@ Damage = Callable[[Queue], Awaitable[None]]
 
 
 async def _replace(client: redis.asyncio.Redis, key: str, kind: str) -> None:
-    """*key* becomes a key of another type than *kind*."""
-    await client.delete(key)
-    if kind == "string":
-        await client.rpush(key, "damage")
-    else:
-        await client.set(key, "damage")
+    """*key* becomes a key of another type than *kind* (at once: a live
+    consumer's script cannot write the key in between)."""
+    async with client.pipeline(transaction=True) as pipe:
+        pipe.delete(key)
+        if kind == "string":
+            pipe.rpush(key, "damage")
+        else:
+            pipe.set(key, "damage")
+        await pipe.execute()
 
 
 def wrong_type(name: str) -> Damage:

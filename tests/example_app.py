@@ -46,6 +46,15 @@ async def fail(item: Item) -> None:
 mixed_handlers = {"work": work, "fail": fail}
 
 
+async def fail_with(message: str) -> None:
+    """Fails with the payload as its error message (hostile text in logs)."""
+    raise ValueError(message)
+
+
+#: a type whose error says whatever its payload says
+echo_failures = {"fail_with": fail_with}
+
+
 def make_consumer(
     *, redis_url: str, queue: str | None, concurrency: int
 ) -> aiogroupq.Consumer:

@@ -411,3 +411,20 @@ async def test_cancel(
     assert "had already ended (succeeded)" in run.err
     run = await cli("cancel", "no-such-task", url=redis_url)
     assert run.code == 1
+
+
+async def test_requeue_into_a_full_group_says_why_it_left_some_alone(
+    redis_url: str, redis_client: redis.asyncio.Redis, both: Both
+) -> None:
+    producer, admin = both
+    ids = [await producer.enqueue("t", group="g", max_attempts=1) for _ in range(3)]
+    for _ in ids:
+        await finish(redis_client, await claim(redis_client), "dead")
+    await producer.enqueue("t", group="g")
+    await admin.set_group("g", max_size=2)
+    run = await cli("dead", "requeue", *ids, url=redis_url)
+    assert run.code == 1
+    assert run.out.strip() == "requeued 1 of 3 tasks"
+    assert "left alone: 2 tasks" in run.err
+    assert "of a group at its max_size ('g'" in run.err
+    assert (await admin.group_info("g")).backlog + 1 <= 2

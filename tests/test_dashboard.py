@@ -339,9 +339,11 @@ async def test_payloads_and_results_are_shown_only_when_enabled(
     assert [secret in page for page in pages[True]] == [True] * 4
     assert [secret in page for page in pages[False]] == [False] * 4
     assert "Hidden" in pages[False][0]
-    # The reason and the traceback are always shown.
-    assert "RuntimeError: cannot import" in pages[False][1]
-    assert "Traceback (most recent call last)" in pages[False][1]
+    # With the payloads, the reason and the traceback: they may quote one.
+    assert "RuntimeError: cannot import" in pages[True][1]
+    assert "Traceback (most recent call last)" in pages[True][1]
+    assert "RuntimeError: cannot import" not in pages[False][1]
+    assert "Traceback (most recent call last)" not in pages[False][1]
 
 
 # -- authentication and CSRF -------------------------------------------------------
@@ -606,7 +608,8 @@ async def test_dead_letters_are_listed_filtered_requeued_and_purged(
         ]
         mail = await producer.enqueue("mail", 0, max_attempts=1)
     await drain(redis_client, queue=QUEUE, handlers={"import": fail, "mail": fail})
-    with serving(create_app(redis_url, queues=[QUEUE], token=TOKEN)) as url:
+    app = create_app(redis_url, queues=[QUEUE], token=TOKEN, show_errors=True)
+    with serving(app) as url:
         async with browser(url) as client:
             await login(client)
 

@@ -147,6 +147,9 @@ async def test_the_dashboard_in_a_browser(
     dashboard = ["dashboard", "--redis-url", redis_url, "--queue", QUEUE]
     # A short history: the test's own minute fills the charts of the screenshots.
     dashboard += ["--port", str(port), "--token-env", "DASH_TOKEN", "--history", "20"]
+    # The reasons and tracebacks, for the dead-letter and task pages (and
+    # their screenshots): this test's errors quote no secret.
+    dashboard += ["--show-errors"]
     async with (
         aiogroupq.Producer(redis_client, queue=QUEUE) as producer,
         aiogroupq.Admin(redis_client, queue=QUEUE) as admin,

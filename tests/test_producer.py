@@ -13,7 +13,7 @@ import re
 import string
 from collections import defaultdict
 from collections.abc import AsyncIterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anyio
@@ -103,6 +103,22 @@ BAD_ENQUEUES: list[tuple[str, dict[str, Any], type[InvalidTaskError], str]] = [
         InvalidTaskError,
         "-2",
     ),
+    # a delay over the maximum (365 days): a delayed unique task held its
+    # dedup key that long; delay=1e9 (31 years) was accepted
+    ("delay of 31 years", {"delay": 1e9}, InvalidTaskError, "365 days"),
+    (
+        "delay of 366 days",
+        {"delay": timedelta(days=366)},
+        InvalidTaskError,
+        "365 days",
+    ),
+    (
+        "run_at in 2 years",
+        {"run_at": datetime.now(UTC) + timedelta(days=730)},
+        InvalidTaskError,
+        "365 days",
+    ),
+    ("unknown dedup_scope", {"dedup_scope": "tenant"}, InvalidTaskError, "tenant"),
     # max_attempts
     ("max_attempts 0", {"max_attempts": 0}, InvalidTaskError, "0 must be"),
     ("max_attempts -1", {"max_attempts": -1}, InvalidTaskError, "-1"),
@@ -128,6 +144,8 @@ BAD_ENQUEUES: list[tuple[str, dict[str, Any], type[InvalidTaskError], str]] = [
 FIELD_OF = {
     "group": "group",
     "delay": "delay",
+    "run_at": "run_at",
+    "dedup_scope": "dedup_scope",
     "max_attempts": "max_attempts",
     "timeout": "timeout",
     "dedup_key": "dedup_key",
@@ -482,7 +500,7 @@ async def test_dedup_key_returns_the_first_id_within_the_window(
     assert other != first
     batch = await producer.enqueue_many(
         [
-            Task("t", 4, dedup_key="order-1"),
+            Task("t", 4, dedup_key="order-1", group="g"),  # the key's group
             Task("t", 5, dedup_key="order-3"),
             Task("t", 6, dedup_key="order-3"),
             Task("t", 7),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import inspect
+import math
 from importlib.resources import files
 
 import pytest
@@ -46,6 +47,7 @@ PUBLIC_NAMES = frozenset(
         "InvalidTaskError",
         "NoResultError",
         "NotReplicatedError",
+        "OutcomeUnknownError",
         "PayloadTooLargeError",
         "PermissionDeniedError",
         "Problem",
@@ -230,6 +232,9 @@ def test_error_hierarchy() -> None:
     assert issubclass(aiogroupq.TaskNotFoundError, LookupError)
     # Callers that already handle connection trouble generically catch it.
     assert issubclass(aiogroupq.RedisUnavailableError, ConnectionError)
+    # An unknown outcome is still an outage to `except RedisUnavailableError`.
+    assert issubclass(aiogroupq.OutcomeUnknownError, aiogroupq.RedisUnavailableError)
+    assert issubclass(aiogroupq.BatchTooLargeError, aiogroupq.InvalidTaskError)
     # Retry is control flow, not an error: `except AiogroupqError` must not eat it.
     assert not issubclass(aiogroupq.Retry, base)
 
@@ -238,3 +243,23 @@ def test_retry_refuses_a_negative_delay() -> None:
     with pytest.raises(ValueError, match="-1"):
         aiogroupq.Retry(delay=-1)
     assert aiogroupq.Retry().delay is None
+
+
+@pytest.mark.parametrize("delay", [math.inf, math.nan, 365 * 86400 + 1, 1e12])
+def test_retry_refuses_an_endless_delay(delay: float) -> None:
+    # A grouped task holds its group until its retry runs: Retry(inf) held
+    # it for good (and then failed the consumer's conversion to server ms).
+    with pytest.raises(ValueError, match="365 days"):
+        aiogroupq.Retry(delay=delay)
+    assert aiogroupq.Retry(delay=365 * 86400).delay == 365 * 86400
+
+
+def test_outcome_unknown_error_names_the_ids() -> None:
+    ids = [f"{i:028x}" for i in range(7)]
+    error = aiogroupq.OutcomeUnknownError(ids, "127.0.0.1:1: no reply within 5.0 s")
+    assert error.task_ids == ids
+    assert error.detail == "127.0.0.1:1: no reply within 5.0 s"
+    text = str(error)
+    assert text.startswith("outcome unknown: 7 tasks")
+    assert ids[0] in text
+    assert "status_many" in text

@@ -295,3 +295,24 @@ async def test_repair_in_long_lists(redis_client: redis.asyncio.Redis) -> None:
     print(  # noqa: T201 - the figure this test reports
         f"repair of 3 damages among {2 * n:,} tasks: {elapsed:.2f} s"
     )
+
+
+async def test_a_damaged_fence_is_never_left_missing(
+    redis_client: redis.asyncio.Redis,
+) -> None:
+    # The keys stage drops the damaged fence and sets it again in the same
+    # call: a claim between two stages must not start tokens from 1 while
+    # running tasks (a stale holder among them) hold higher ones.
+    q = await build(redis_client)
+    tokens = []
+    for key in await redis_client.keys(KEYS.task("*")):
+        token = await redis_client.hget(key, "k")
+        if token is not None and token.isdigit():
+            tokens.append(int(token))
+    assert tokens, "the queue has running tasks holding tokens"
+    await DAMAGES["fence-wrong-type"][0](q)
+    done, _ = await _repair.repair(redis_client, KEYS, rounds=1)  # the keys stage
+    print(f"after the keys stage: {[r.detail for r in done]}")  # noqa: T201
+    fence = await redis_client.get(KEYS.fence)
+    assert fence is not None, "the fence is missing after the keys stage"
+    assert int(fence) >= max(tokens), (fence, tokens)

@@ -168,7 +168,7 @@ def test_from_inside_the_repeated_hour_ticks_move_forward_only() -> None:
 
 
 # A year with both DST changes in each zone, and expressions of each kind:
-# fixed times (the DST special case), hourly, finer, and with seconds.
+# fixed times (the DST special case), hourly and finer.
 _ZONES = ["America/New_York", "Europe/Riga", "Australia/Sydney", "Asia/Kolkata"]
 _EXPRESSIONS = [
     "30 2 * * *",
@@ -179,7 +179,6 @@ _EXPRESSIONS = [
     "0 * * * *",
     "*/20 1 * * *",
     "*/7 * * * *",
-    "30 */5 * * * *",
 ]
 _YEAR = (ms(datetime(2024, 1, 1, tzinfo=UTC)), ms(datetime(2025, 1, 1, tzinfo=UTC)))
 # Moments near the 2024 DST changes of the zones above, where the quirks are.
@@ -270,7 +269,17 @@ def test_a_run_is_due_at_its_tick_and_carries_the_task_fields() -> None:
         ({"cron": "* * *"}, "'* * *'"),
         ({"cron": 5}, "must be a str"),
         ({"cron": "0 0 30 2 *"}, "'0 0 30 2 *'"),  # February has no 30th
-        ({"every": 0.05}, ">= 0.1"),
+        # A sixth field (cronsim reads it as seconds) was taken silently.
+        ({"cron": "30 */5 * * * *"}, "has 6 fields; it takes five"),
+        ({"cron": "*/10 * * * * *"}, "for ticks under a minute, use every="),
+        # every=1e12 said "must be >= 0.1".
+        ({"every": 0.05}, "every must be from 0.1 to 31,622,400 seconds"),
+        ({"every": 0.0999}, "from 0.1 to"),
+        ({"every": 366 * 86_400 + 0.001}, "to 31,622,400 seconds"),
+        ({"every": 1e12}, "to 31,622,400 seconds"),
+        ({"every": timedelta(days=367)}, "to 31,622,400 seconds"),
+        ({"every": float("nan")}, "got nan"),
+        ({"every": float("inf")}, "got inf"),
         ({"every": "5"}, "'5'"),
         ({"every": 5, "tz": "Europe/Paris"}, "applies to cron= only"),
         ({"cron": "0 * * * *", "tz": "Mars/Olympus"}, "'Mars/Olympus'"),
@@ -699,3 +708,15 @@ async def test_worker_refuses_a_schedules_attribute_that_is_not_a_list(
     lines = proc.output.strip().splitlines()
     assert len(lines) == 1, proc.output
     assert "tests.schedule_app:broken.schedules must be a list" in lines[0]
+
+
+@pytest.mark.parametrize(
+    "every", [0.1, timedelta(milliseconds=100), 366 * 86_400, timedelta(days=366)]
+)
+def test_every_takes_both_ends_of_its_range(every: float | timedelta) -> None:
+    schedule = aiogroupq.Schedule("s", "t", every=every)
+    seconds = every.total_seconds() if isinstance(every, timedelta) else every
+    print(f"every={every!r}: {schedule.every} s")  # noqa: T201
+    assert schedule.every == seconds
+    assert _schedule.MIN_EVERY == 0.1
+    assert _schedule.MAX_EVERY == 366 * 86_400

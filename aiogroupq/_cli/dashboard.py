@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = ("add_command", "run")
 
 import argparse
+import ipaddress
 import os
 import sys
 from typing import TYPE_CHECKING, Final
@@ -21,6 +22,8 @@ if TYPE_CHECKING:
     from starlette.applications import Starlette
 
 _QUEUE_ENV: Final = "AIOGROUPQ_QUEUE"
+#: the names of the loopback, allowed as Host when it listens there
+_LOOPBACK: Final = ("localhost", "127.0.0.1", "::1")
 
 
 def add_command(
@@ -76,7 +79,23 @@ def add_command(
     parser.add_argument(
         "--show-payloads",
         action="store_true",
-        help="show task payloads and results (hidden by default)",
+        help="show task payloads and results (hidden by default), and with "
+        "them error messages and tracebacks",
+    )
+    parser.add_argument(
+        "--show-errors",
+        action="store_true",
+        help="show error messages, dead-letter reasons and tracebacks, which "
+        "may quote a payload (hidden by default, unless --show-payloads)",
+    )
+    parser.add_argument(
+        "--allowed-host",
+        action="append",
+        metavar="NAME",
+        help="a Host name browsers reach the dashboard by (name, name:port or "
+        "*.domain); repeat for more. The --host it listens on is allowed, and "
+        "localhost, 127.0.0.1 and ::1 when that is the loopback or every "
+        "address; any other Host is refused with 400 (DNS rebinding)",
     )
     parser.add_argument(
         "--history",
@@ -123,10 +142,12 @@ def run(args: argparse.Namespace) -> int:
         server_header=False,
     )
     server = uvicorn.Server(config)
+    hosts = ", ".join(allowed_hosts(args.host, args.allowed_host or []))
     print(
         f"aiogroupq dashboard of {', '.join(map(repr, args.queue))} on "
         f"http://{args.host}:{args.port}{args.root_path}/ "
-        f"({'token login' if args.token_env else 'read-only: no --token-env'})",
+        f"({'token login' if args.token_env else 'read-only: no --token-env'}); "
+        f"it answers to Host {hosts} (more with --allowed-host)",
         file=sys.stderr,
         flush=True,
     )
@@ -160,5 +181,23 @@ def _build(args: argparse.Namespace) -> Starlette:
         token=token,
         read_only=args.read_only,
         show_payloads=args.show_payloads,
+        show_errors=args.show_errors or args.show_payloads,
+        allowed_hosts=allowed_hosts(args.host, args.allowed_host or []),
         history=args.history,
     )
+
+
+def allowed_hosts(bound: str, given: list[str]) -> list[str]:
+    """The Host names the dashboard answers to: the address it listens on
+    (unless that is every address), the loopback's names when it listens
+    there, and *given*."""
+    try:
+        address = ipaddress.ip_address(bound.strip("[]"))
+    except ValueError:  # a name
+        loopback, everywhere = bound.lower() == "localhost", False
+    else:
+        loopback, everywhere = address.is_loopback, address.is_unspecified
+    hosts = [] if everywhere or not bound else [bound]
+    if loopback or everywhere or not bound:
+        hosts += [h for h in _LOOPBACK if h not in hosts]
+    return hosts + [h for h in given if h not in hosts]

@@ -25,16 +25,18 @@ from __future__ import annotations
 
 __all__ = ("main",)
 
+import functools
 import sys
 import traceback
 
 import anyio
 
 from .._inspect.check import examine
+from .._inspect.printable import json_printable, printable
 from .._inspect.repair import repair_partitions
 from .._store.connection import safe_url
 from .._store.keys import QueueKeys
-from .._telemetry.log import configure as configure_logging
+from .._telemetry.log import LogFormat, configure as configure_logging
 from ..errors import AiogroupqError, ConfigurationError, RedisUnavailableError
 from . import (
     dashboard as _cli_dashboard,
@@ -43,7 +45,7 @@ from . import (
     worker as _cli_worker,
 )
 from .args import parse
-from .stdout import StdoutClosed, closed_stdout, say
+from .stdout import StdoutClosed, closed_stdout, complain, say
 from .target import UsageError
 
 
@@ -67,9 +69,16 @@ def _run(argv: list[str] | None) -> int:
         args.argv = list(sys.argv[1:] if argv is None else argv)
     except SystemExit as exc:  # --help, or argparse's own usage error
         return exc.code if isinstance(exc.code, int) else 2
+    log_format: LogFormat = getattr(args, "log_format", "text")
     configure_logging(
         verbose=getattr(args, "verbose", False),
-        log_format=getattr(args, "log_format", "text"),
+        log_format=log_format,
+        # A traceback keeps its lines; JSON its own escapes, as JSON.
+        escape=(
+            json_printable
+            if log_format == "json"
+            else functools.partial(printable, keep="\n")
+        ),
     )
     try:
         if args.command in _cli_ops.COMMANDS:
@@ -97,12 +106,12 @@ def _run(argv: list[str] | None) -> int:
     except UsageError as exc:
         if exc.__cause__ is not None:  # the user's module raised: show where
             traceback.print_exception(exc.__cause__)
-        print(f"aiogroupq {args.command}: error: {exc}", file=sys.stderr)
+        complain(f"aiogroupq {args.command}: error: {exc}")
         return 2
     except AiogroupqError as exc:  # e.g. the demo's server did not start
         # Each command reports its own errors; one that escapes is still
         # one line, never a traceback.
-        print(f"aiogroupq {args.command}: error: {exc}", file=sys.stderr)
+        complain(f"aiogroupq {args.command}: error: {exc}")
         return 2
 
 

@@ -45,7 +45,7 @@ from ..errors import AiogroupqError, TaskNotFoundError
 from ..producer import Producer
 from .ops_args import QUEUE_ENV
 from .permissions import explain, is_refusal
-from .stdout import say
+from .stdout import complain, say
 
 COMMANDS: Final = frozenset(
     {
@@ -75,10 +75,10 @@ def run(args: argparse.Namespace) -> int:
         _check_ids(args)
         return anyio.run(_run, args)
     except _Failed as exc:
-        print(f"aiogroupq {name}: {exc}", file=sys.stderr)
+        complain(f"aiogroupq {name}: {exc}")
         return 1
     except (_Usage, AiogroupqError) as exc:
-        print(f"aiogroupq {name}: error: {exc}", file=sys.stderr)
+        complain(f"aiogroupq {name}: error: {exc}")
         return 2
     except KeyboardInterrupt:  # stops --watch
         return 0
@@ -188,7 +188,7 @@ async def _stats(
                     for k, n in stats.totals.items()
                 }
             if args.watch and sys.stdout.isatty():
-                say("\x1b[H\x1b[2J", end="")  # clear the terminal
+                say("\x1b[H\x1b[2J", end="", raw=True)  # clear the terminal
             elif shown:
                 say()
             say(show.render_stats(stats, rates), flush=True)
@@ -329,9 +329,20 @@ async def _act_on_dead(args: argparse.Namespace, client: Client, admin: Admin) -
             states = await _states(admin, not_dead)
             raise _Failed(f"not a dead letter: {states}")
         if done < len(dead):
+            full = (
+                await _full_groups(client, parts, admin, dead)
+                if op == "requeue"
+                else []
+            )
             raise _Failed(
                 f"left alone: {_tasks(len(dead) - done)} no longer dead (requeued "
-                "or purged meanwhile) or damaged (aiogroupq check)"
+                "or purged meanwhile), damaged (aiogroupq check)"
+                + (
+                    f", or of a group at its max_size ({', '.join(map(repr, full))}: "
+                    "requeue once it has room, or raise its max_size)"
+                    if full
+                    else ""
+                )
             )
         return
     stats = await admin.stats()
@@ -377,6 +388,24 @@ async def _sorted_out(
 
 #: ids named one by one in a message; more are counted
 _SHOWN_IDS: Final = 10
+
+
+async def _full_groups(
+    client: Client, parts: Partitions, admin: Admin, ids: Sequence[str]
+) -> list[str]:
+    """The groups at their max_size among those of *ids* still dead (a
+    requeue leaves them so: a requeue adds a live task as an enqueue does)."""
+    still, _ = await _sorted_out(client, parts, ids)
+    full: list[str] = []
+    for task_id in still[:_SHOWN_IDS]:
+        group = (await admin.task(task_id)).group
+        if (
+            group is not None
+            and group not in full
+            and (await admin.group_info(group)).full
+        ):
+            full.append(group)
+    return full
 
 
 async def _states(admin: Admin, ids: Sequence[str]) -> str:

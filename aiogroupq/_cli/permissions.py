@@ -17,10 +17,11 @@ from __future__ import annotations
 
 __all__ = ("OPERATOR_READS", "explain", "is_refusal")
 
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 import redis.exceptions as rexc
 
+from .._inspect.refusals import VIEW_READS, lacking
 from .._store.keys import QueueKeys
 from ..errors import PermissionDeniedError
 
@@ -28,19 +29,8 @@ if TYPE_CHECKING:
     from .._store.connection import Client
 
 #: read-only commands the views' scripts and ``Admin``'s settings reads send
-#: that a worker's rule may lack, with the arguments that follow the key in
-#: a try (those the rule grants pass the try)
-OPERATOR_READS: Final[dict[str, tuple[str, ...]]] = {
-    "hgetall": (),
-    "lpos": ("-",),
-    "pttl": (),
-    "sscan": ("0",),
-    "zcount": ("-inf", "+inf"),
-    "zrevrangebyscore": ("+inf", "-inf", "LIMIT", "0", "1"),
-}
-#: a command every worker's rule grants: refused on a queue's key, it is
-#: the key pattern the user lacks
-_GRANTED: Final = ("hget", ("-",))
+#: that a worker's rule may lack (``_inspect/refusals.py`` tries them)
+OPERATOR_READS: Final = VIEW_READS
 
 
 def is_refusal(exc: BaseException) -> bool:
@@ -61,21 +51,13 @@ async def explain(client: Client, queue: str, exc: Exception) -> Exception:
     :param queue: the queue the command was run on
     """
     keys = QueueKeys(queue)
-    # Never written by any script: the tries read nothing of the queue's.
-    unused = keys.prefix + "acl-probe"
-    call: Any = client.execute_command
-    granted, rest = _GRANTED
-    if not await _allowed(call, granted, unused, rest):
+    found = await lacking(client, keys)
+    if found.keys:
         return PermissionDeniedError(
             f"the user may not touch the keys of queue {queue!r}: its rule "
             f"needs ~{keys.prefix}*"
         )
-    missing = [
-        name
-        for name, rest in OPERATOR_READS.items()
-        if not await _allowed(call, name, unused, rest)
-    ]
-    if missing:
+    if missing := found.commands:
         return PermissionDeniedError(
             f"the user may not run {', '.join(n.upper() for n in missing)}: the "
             f"operator commands need {' '.join('+' + n for n in missing)} beyond "
@@ -86,11 +68,3 @@ async def explain(client: Client, queue: str, exc: Exception) -> Exception:
     if isinstance(exc, rexc.NoPermissionError):
         return PermissionDeniedError(str(exc))
     return exc  # every try passed: not a refusal
-
-
-async def _allowed(call: Any, name: str, key: str, rest: tuple[str, ...]) -> bool:
-    try:
-        await call(name.upper(), key, *rest)
-    except rexc.NoPermissionError:
-        return False
-    return True

@@ -9,16 +9,24 @@ failure ("Redis is unreachable ... Broken pipe"). So the commands write
 through :func:`say`, which raises :class:`StdoutClosed` (no ``OSError``), and
 :func:`main <aiogroupq._cli.main.main>` ends quietly with
 :func:`closed_stdout`.
+
+What it prints is shown through :func:`~aiogroupq._inspect.printable.printable`
+(line breaks kept): stored text (a group name, an error, a traceback) is
+whatever anything with access to Redis wrote, and a terminal would act on
+the escape sequences in it. :func:`complain` does the same on the standard
+error.
 """
 
 from __future__ import annotations
 
-__all__ = ("CLOSED_STATUS", "StdoutClosed", "closed_stdout", "say")
+__all__ = ("CLOSED_STATUS", "StdoutClosed", "closed_stdout", "complain", "say")
 
 import os
 import signal
 import sys
 from typing import Final
+
+from .._inspect.printable import printable
 
 #: the exit status of a command whose reader went away: what a shell
 #: reports for a Unix tool killed by SIGPIPE
@@ -29,15 +37,27 @@ class StdoutClosed(Exception):
     """Whoever read the standard output stopped reading."""
 
 
-def say(*values: object, end: str = "\n", flush: bool = False) -> None:
-    """``print`` to the standard output.
+def say(
+    *values: object, end: str = "\n", flush: bool = False, raw: bool = False
+) -> None:
+    """``print`` to the standard output, control characters but line breaks
+    shown escaped.
 
+    :param raw: print as it is: only for the command line's own escape
+        sequences (clearing the terminal), never for stored text
     :raises StdoutClosed: if the reader has gone away
     """
+    text = " ".join(map(str, values))
     try:
-        print(*values, end=end, flush=flush)
+        print(text if raw else printable(text, keep="\n"), end=end, flush=flush)
     except BrokenPipeError:
         raise StdoutClosed from None
+
+
+def complain(line: str) -> None:
+    """Print *line*, an error message, to the standard error, control
+    characters but line breaks shown escaped."""
+    print(printable(line, keep="\n"), file=sys.stderr)
 
 
 def closed_stdout() -> int:

@@ -69,7 +69,12 @@ from redis.exceptions import RedisError
 
 from .._store.connection import safe_url
 from ..consumer import Consumer
-from ..errors import ConfigurationError, MissingExtraError, RedisUnavailableError
+from ..errors import (
+    ConfigurationError,
+    CorruptQueueError,
+    MissingExtraError,
+    RedisUnavailableError,
+)
 from .target import Target, UsageError, check_options, load_target
 
 if TYPE_CHECKING:
@@ -165,6 +170,11 @@ def run(args: argparse.Namespace) -> int:
                 safe_url(args.redis_url),
                 exc,
                 exc_info=exc if args.verbose else None,
+            )
+        elif isinstance(exc, CorruptQueueError):
+            # Its message names the key and the way out: a line, not a trace.
+            logger.critical(
+                "worker stopped: %s", exc, exc_info=exc if args.verbose else None
             )
         else:
             logger.critical("worker failed", exc_info=exc)

@@ -20,6 +20,7 @@ from starlette.staticfiles import StaticFiles
 
 from . import _actions, _pages
 from ._auth import Access
+from ._hosts import HostCheck
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -120,7 +121,11 @@ def build_app(dash: Dashboard) -> Starlette:
                 name="static",
             ),
         ],
-        middleware=[Middleware(SecurityHeaders)],
+        # The host check first: a request to a name not ours meets nothing else.
+        middleware=[
+            Middleware(HostCheck, allowed=dash.hosts),
+            Middleware(SecurityHeaders),
+        ],
         exception_handlers={HTTPException: http_error},
         lifespan=dash.lifespan,
     )
@@ -136,4 +141,5 @@ _TITLES: Final = {
     405: "Method not allowed",
     413: "Too large",
     415: "Unsupported form",
+    429: "Too many attempts",
 }

@@ -6,14 +6,18 @@ application's own check, and CSRF protection of every form.
   403 and their buttons are not shown.
 - With a token, every page needs a session: the login form takes the token
   and sets a cookie signed with a key derived from it (so changing the token
-  ends every session), valid for :data:`SESSION_TTL`.
+  ends every session), valid for :data:`SESSION_TTL`. The process also
+  keeps the sessions it issued: logging out ends the session itself, not
+  only the browser's copy of the cookie (and a restart ends them all).
+  Failed logins are throttled (``_throttle.py``).
 - With ``auth``, the host application decides per request (its session, its
   users, HTTP Basic...): the check returns a true value to let the request
   through, a false one for 403, or raises an ``HTTPException`` of its own (a 401 with a
   ``WWW-Authenticate`` challenge, a redirect to its login page).
 - Every POST carries the per-browser CSRF token of the ``aiogroupq_csrf``
   cookie in a hidden field (double submit), and its ``Origin`` (else
-  ``Referer``) must name the host the request was sent to.
+  ``Referer``) must name an allowed host (``_hosts.py``) on the port the
+  request was sent to.
 """
 
 from __future__ import annotations
@@ -26,15 +30,20 @@ import hmac
 import inspect
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 from urllib.parse import urlsplit
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from ..errors import ConfigurationError
+from ._throttle import LoginThrottle
+
+if TYPE_CHECKING:
+    from ._hosts import AllowedHosts
 
 AuthCheck = Callable[[Request], bool | Awaitable[bool]]
 """The host application's check: a true value lets the request through."""
@@ -46,6 +55,9 @@ CSRF_FIELD: Final = "csrf"
 SESSION_TTL: Final = 12 * 3600
 #: the shortest token accepted: guessing stays hopeless
 MIN_TOKEN: Final = 16
+#: live sessions kept at most (the oldest ends first): only an operator who
+#: knows the token makes one, so this bounds memory, never a real team
+MAX_SESSIONS: Final = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +118,9 @@ class Guard:
                 token.encode(), b"aiogroupq dashboard session", "sha256"
             ).digest()
         )
+        #: the live sessions' nonces, oldest first, with their issue times
+        self._sessions: OrderedDict[str, int] = OrderedDict()
+        self.throttle = LoginThrottle()
 
     @property
     def uses_login(self) -> bool:
@@ -145,24 +160,49 @@ class Guard:
         return hmac.compare_digest(given.encode(), self.token.encode())
 
     def new_session(self, now: float | None = None) -> str:
-        """A session cookie value: issue time, nonce, signature."""
+        """A session cookie value: issue time, nonce, signature; the session
+        is live until :meth:`end_session` or :data:`SESSION_TTL`."""
         assert self._key is not None, "no token: no sessions"
-        issued = str(int(time.time() if now is None else now))
-        body = f"{issued}.{secrets.token_urlsafe(12)}"
+        issued = int(time.time() if now is None else now)
+        nonce = secrets.token_urlsafe(12)
+        self._forget_expired(issued)
+        self._sessions[nonce] = issued
+        while len(self._sessions) > MAX_SESSIONS:
+            self._sessions.popitem(last=False)
+        body = f"{issued}.{nonce}"
         return f"{body}.{self._sign(body)}"
 
     def session_valid(self, value: str | None, now: float | None = None) -> bool:
-        """Whether *value* is a session we signed that has not expired."""
-        if self._key is None or not value or value.count(".") != 2:
+        """Whether *value* is a live session we signed that has not expired."""
+        nonce = self._nonce(value)
+        if nonce is None or nonce not in self._sessions:
             return False
+        age = (time.time() if now is None else now) - self._sessions[nonce]
+        return 0 <= age < SESSION_TTL
+
+    def end_session(self, value: str | None) -> None:
+        """End the session of cookie *value* (logout): the cookie is refused
+        from now on, even if a copy of it is sent again."""
+        nonce = self._nonce(value)
+        if nonce is not None:
+            self._sessions.pop(nonce, None)
+
+    def _nonce(self, value: str | None) -> str | None:
+        """The nonce of a cookie we signed, None for anything else."""
+        if self._key is None or not value or value.count(".") != 2:
+            return None
         body, _, signature = value.rpartition(".")
         if not hmac.compare_digest(signature, self._sign(body)):
-            return False
-        issued = body.partition(".")[0]
-        if not issued.isdigit():
-            return False
-        age = (time.time() if now is None else now) - int(issued)
-        return 0 <= age < SESSION_TTL
+            return None
+        issued, _, nonce = body.partition(".")
+        return nonce if issued.isdigit() else None
+
+    def _forget_expired(self, now: int) -> None:
+        while self._sessions:
+            nonce, issued = next(iter(self._sessions.items()))
+            if now - issued < SESSION_TTL:
+                break
+            del self._sessions[nonce]
 
     def _sign(self, body: str) -> str:
         assert self._key is not None
@@ -229,18 +269,21 @@ def root_path(request: Request) -> str:
     return str(request.scope.get("root_path", "")).rstrip("/")
 
 
-def csrf_problem(request: Request, form: dict[str, list[str]]) -> str | None:
+def csrf_problem(
+    request: Request, form: dict[str, list[str]], allowed: AllowedHosts
+) -> str | None:
     """Why this POST is refused as a possible cross-site request, or None.
 
     Two checks, each enough against a plain cross-site form: the request
-    comes from a page of the same host (``Origin``, else ``Referer``), and
-    it carries the token of our cookie, which another site cannot read.
+    comes from a page of an allowed host (``Origin``, else ``Referer``),
+    and it carries the token of our cookie, which another site cannot read.
     """
     source = request.headers.get("origin") or request.headers.get("referer")
     if not source or source == "null":
         return "the request names no Origin (or Referer): refused"
     host = request.headers.get("host", "")
-    if urlsplit(source).netloc.lower() != host.lower():
+    parts = urlsplit(source)
+    if not allowed.allows_origin(f"{parts.scheme}://{parts.netloc}", host):
         return f"the request comes from {source!r}, not from this dashboard ({host!r})"
     cookie = request.cookies.get(CSRF_COOKIE, "")
     field = form.get(CSRF_FIELD, [""])[0]

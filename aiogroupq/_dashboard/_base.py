@@ -25,6 +25,7 @@ __all__ = (
 )
 
 import base64
+import dataclasses
 import functools
 import json
 import logging
@@ -60,7 +61,8 @@ from ._auth import Access, Guard
 from ._history import History, window_text
 
 if TYPE_CHECKING:
-    from .._inspect.views import QueueStats
+    from .._inspect.views import GroupInfo, QueueStats
+    from ._hosts import AllowedHosts
 
 logger: logging.Logger = logging.getLogger("aiogroupq.dashboard")
 
@@ -125,6 +127,9 @@ class Dashboard:
     :param queues: the queues shown, in this order
     :param guard: who may see and act
     :param show_payloads: show payloads and results
+    :param show_errors: show error messages and tracebacks (they may echo
+        a payload)
+    :param hosts: the hosts it answers to, and its forms may come from
     :param refresh: seconds between live refreshes of an open page
     :param window: seconds of throughput history kept and charted
     :raises ConfigurationError: for an unusable argument
@@ -137,6 +142,8 @@ class Dashboard:
         queues: Sequence[str],
         guard: Guard,
         show_payloads: bool,
+        show_errors: bool,
+        hosts: AllowedHosts,
         refresh: float,
         window: float,
     ) -> None:
@@ -156,15 +163,19 @@ class Dashboard:
             raise ConfigurationError("give the dashboard at least one queue")
         for queue in queues:
             QueueKeys(queue)  # a bad name raises ConfigurationError
-        if not isinstance(show_payloads, bool):
-            raise ConfigurationError(
-                f"show_payloads must be True or False, got {show_payloads!r}"
-            )
+        for name, value in (
+            ("show_payloads", show_payloads),
+            ("show_errors", show_errors),
+        ):
+            if not isinstance(value, bool):
+                raise ConfigurationError(f"{name} must be True or False, got {value!r}")
         self._redis = redis
         self._client: Client | None = client
         self.queues = tuple(dict.fromkeys(queues))
         self.guard = guard
         self.show_payloads = show_payloads
+        self.show_errors = show_errors
+        self.hosts = hosts
         self.refresh = refresh
         self.window = window
         self.sample_every = max(MIN_SAMPLE_GAP, min(refresh, window / 100))
@@ -282,6 +293,7 @@ class Dashboard:
                 "refresh": self.refresh,
                 "login": self.guard.uses_login,
                 "show_payloads": self.show_payloads,
+                "show_errors": self.show_errors,
                 **context,
             }
         )
@@ -311,6 +323,19 @@ class Dashboard:
             queue=queue,
             status=status,
         )
+
+    def shown_group(self, info: GroupInfo) -> GroupInfo:
+        """*info* as a page may show it: without the dead-letter reason of
+        the task a halted group waits behind, unless errors are shown."""
+        hidden = info.halted_reason
+        if self.show_errors or not hidden:
+            return info
+        reason = info.reason.replace(
+            f"dead task {info.halted_by}: {hidden}", f"dead task {info.halted_by}"
+        )
+        if hidden in reason:  # worded otherwise: say less rather than leak
+            reason = f"halted behind dead task {info.halted_by}"
+        return dataclasses.replace(info, reason=reason, halted_reason=None)
 
     def queue_of(self, request: Request) -> str:
         queue = str(request.path_params.get("queue", ""))
@@ -375,7 +400,7 @@ def action(
             return dash.error(request, 403, "Read-only", why, access=access)
         queue = dash.queue_of(request)
         form = await read_form(request)
-        if (problem := _auth.csrf_problem(request, form)) is not None:
+        if (problem := _auth.csrf_problem(request, form, dash.hosts)) is not None:
             return dash.error(request, 403, "Refused", problem, access=access)
         urls = Urls(_auth.root_path(request))
         target = safe_next(request, form, urls.queue(queue))

@@ -63,8 +63,8 @@ async def queue_page(dash: Dashboard, view: View) -> Response:
         {
             "stats": stats,
             "rates": history.rates(RATE_SPAN),
-            "busiest": busiest.groups,
-            "halted": halted.groups,
+            "busiest": [dash.shown_group(g) for g in busiest.groups],
+            "halted": [dash.shown_group(g) for g in halted.groups],
             "throughput": throughput_chart(intervals, stats.now, dash.window),
             "failures": failure_chart(intervals, stats.now, dash.window),
             "window": dash.window,
@@ -100,7 +100,7 @@ async def groups_page(dash: Dashboard, view: View) -> Response:
                 problem = str(exc)
     needle = search.casefold()
     rows = [
-        g
+        dash.shown_group(g)
         for g in found.groups
         if (not state or g.state == state)
         and (not needle or needle in g.group.casefold())
@@ -115,7 +115,7 @@ async def groups_page(dash: Dashboard, view: View) -> Response:
         "groups.html",
         {
             "rows": rows,
-            "exact": exact,
+            "exact": None if exact is None else dash.shown_group(exact),
             "problem": problem,
             "search": search,
             "state": state,
@@ -142,7 +142,7 @@ async def group_page(dash: Dashboard, view: View) -> Response:
     return dash.render(
         view.request,
         "group.html",
-        {"info": info, "settings": settings},
+        {"info": dash.shown_group(info), "settings": settings},
         access=view.access,
         queue=view.queue,
         live=True,
@@ -208,10 +208,13 @@ async def dead_page(dash: Dashboard, view: View) -> Response:
     limit = max(limit, 1)
     kind = view.param("type")
     group = view.param("group").strip()
-    reason = view.param("reason").strip()
+    # A filter on hidden reasons would tell them apart: there is none then.
+    reason = view.param("reason").strip() if dash.show_errors else ""
     async with dash.admin(view.queue) as admin:
         stats = await dash.stats(admin)
-        letters = await admin.dead_letters(limit=limit)
+        # Payloads left hidden are not read: a page of large ones would
+        # cost their whole size, at every live refresh.
+        letters = await admin.dead_letters(limit=limit, payloads=dash.show_payloads)
     types = sorted({d.type for d in letters})
     shown = [
         d
@@ -279,9 +282,24 @@ async def login(dash: Dashboard, request: Request) -> Response:
         return RedirectResponse(urls.home(), status_code=303)
     form = await read_form(request)
     nobody = _auth.Access(False, False, False, None)
-    if (problem := _auth.csrf_problem(request, form)) is not None:
+    if (problem := _auth.csrf_problem(request, form, dash.hosts)) is not None:
         return dash.error(request, 403, "Refused", problem, access=nobody)
+    throttle = dash.guard.throttle
+    address = request.client.host if request.client else "?"
+    if wait := throttle.retry_after(address):
+        # Refused before the token is compared: a guess made now is not
+        # tested, so guessing faster gains nothing.
+        response = dash.render(
+            request,
+            "login.html",
+            {"next": first(form, "next"), "failed": False, "retry_after": wait},
+            access=nobody,
+            status=429,
+        )
+        response.headers["retry-after"] = str(wait)
+        return response
     if not dash.guard.check_token(first(form, "token")):
+        throttle.failed(address)
         return dash.render(
             request,
             "login.html",
@@ -289,6 +307,7 @@ async def login(dash: Dashboard, request: Request) -> Response:
             access=nobody,
             status=401,
         )
+    throttle.succeeded(address)
     response = RedirectResponse(safe_next(request, form, urls.home()), status_code=303)
     _auth.set_cookie(
         request,
@@ -303,9 +322,12 @@ async def login(dash: Dashboard, request: Request) -> Response:
 async def logout(dash: Dashboard, request: Request) -> Response:
     urls = Urls(_auth.root_path(request))
     form = await read_form(request)
-    if (problem := _auth.csrf_problem(request, form)) is not None:
+    if (problem := _auth.csrf_problem(request, form, dash.hosts)) is not None:
         nobody = _auth.Access(False, False, False, None)
         return dash.error(request, 403, "Refused", problem, access=nobody)
+    # Ended here, not only forgotten by this browser: a copy of the cookie
+    # (another tab's, a stolen one) is refused from now on.
+    dash.guard.end_session(request.cookies.get(_auth.SESSION_COOKIE))
     response = RedirectResponse(urls.login(), status_code=303)
     _auth.forget_cookie(request, response, _auth.SESSION_COOKIE)
     return response

@@ -84,7 +84,9 @@ async def examine(
             snap = await read(client, queue, max_payload=max_payload)
             return Examination((snap,), find_problems(snap))
         parts = Partitions(queue)
-        parts.layout = await _layout.read(client, parts)
+        # A damaged conf of partition 0 is one of the problems to report,
+        # not a reason to stop: its layout comes from the other partitions.
+        parts.layout = await _layout.read_or_recover(client, parts)
         snaps = [
             await read(client, keys, max_payload=max_payload) for keys in parts.all()
         ]

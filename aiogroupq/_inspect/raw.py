@@ -8,6 +8,7 @@ from __future__ import annotations
 
 __all__ = ("as_int", "opt_int", "opt_text", "pairs", "secs")
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,7 +29,7 @@ def as_int(value: Any, default: int = 0) -> int:
     except (TypeError, ValueError):
         try:
             return int(float(value))
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # "inf" as well
             return default
 
 
@@ -46,9 +47,10 @@ def secs(value: Any) -> float | None:
     if value is None:
         return None
     try:
-        return float(value) / 1000
+        seconds = float(value) / 1000
     except (TypeError, ValueError):
         return None
+    return seconds if math.isfinite(seconds) else None  # "inf", "nan"
 
 
 def pairs(flat: Sequence[Any]) -> dict[str, Any]:

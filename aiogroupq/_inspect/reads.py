@@ -18,10 +18,11 @@ import msgspec
 from redis.exceptions import NoScriptError
 
 from .._store.codec import unpack
+from .._store.fanout import each_partition
 from .._store.replies import NOT_A_TASK, text as _text
 from .._store.scripts import GROUP_INFO, STATS, STATUSES, TASK_INFO
 from ..errors import CorruptTaskError
-from ..task import TaskState
+from ..task import DeadLetter, TaskState
 from .consumers import Beat, consumer_from_row, registry_beats
 from .raw import (
     as_int as _int,
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
     from .._store.connection import Client
     from .._store.keys import QueueKeys
     from .._store.lua import Script
+    from .._store.partition import Partitions
 
 #: live consumers listed in :attr:`QueueStats.consumers`
 STATS_CONSUMERS: Final = 100
@@ -417,6 +419,88 @@ def _group_facts(facts: Sequence[Any] | None) -> tuple[bool, str | None, float |
     if not facts:
         return False, None, None
     return facts[0] == 1, _opt_text(facts[1]), _secs(facts[2])
+
+
+# -- dead letters without their payloads ----------------------------------------
+
+
+async def dead_letters_brief(
+    client: Client, parts: Partitions, limit: int
+) -> list[DeadLetter]:
+    """The oldest *limit* dead letters over every partition, without their
+    payloads (``None``) and tracebacks (``""``): each is read with an
+    ``HMGET`` of its small fields (type from the ``i`` field written at
+    enqueue, group, reason, attempts), never its envelope, so a listing
+    costs a few hundred bytes a letter however large the payloads are.
+    A letter enqueued before ``i`` existed has its envelope read for its
+    type."""
+
+    async def rows(keys: QueueKeys) -> list[DeadLetter]:
+        return await _brief_rows(client, keys, limit)
+
+    merged = [d for part in await each_partition(parts.all(), rows) for d in part]
+    merged.sort(key=lambda d: (d.dead_at, d.id))
+    return merged[:limit]
+
+
+async def _brief_rows(client: Client, keys: QueueKeys, limit: int) -> list[DeadLetter]:
+    entries: Any = await client.zrange(keys.dead, 0, limit - 1, withscores=True)
+    # The key of a stored id exactly as stored, even if it is not UTF-8.
+    task_keys = [
+        keys.task(bytes(task_id).decode(errors="surrogateescape")).encode(
+            errors="surrogateescape"
+        )
+        for task_id, _ in entries
+    ]
+    async with client.pipeline(transaction=False) as pipe:
+        for key in task_keys:
+            pipe.hmget(key, "s", "i", "g", "x", "a")
+        rows: list[list[Any]] = await pipe.execute()
+    out: list[DeadLetter] = []
+    legacy: list[tuple[int, bytes]] = []
+    for key, (task_id, score), (state, ident, group, reason, attempts) in zip(
+        task_keys, entries, rows, strict=True
+    ):
+        if state is None:  # purged between the two reads
+            continue
+        task_type = _identity(ident)[0]
+        if ident is None:
+            legacy.append((len(out), key))
+        out.append(
+            DeadLetter(
+                id=_text(task_id),
+                type=task_type or "?",
+                group=_opt_text(group),
+                payload=None,
+                reason=_text(reason or b""),
+                traceback="",
+                attempts=_int(attempts),
+                dead_at=float(score) / 1000,
+            )
+        )
+    if legacy:
+        await _legacy_types(client, out, legacy)
+    return out
+
+
+async def _legacy_types(
+    client: Client, letters: list[DeadLetter], which: list[tuple[int, bytes]]
+) -> None:
+    """Fill in the type and group of the letters at *which* (their places
+    and keys) from their envelopes: tasks enqueued before the ``i`` field
+    was written."""
+    async with client.pipeline(transaction=False) as pipe:
+        for _, key in which:
+            pipe.hget(key, "e")
+        envelopes: list[Any] = await pipe.execute()
+    for (i, _), raw in zip(which, envelopes, strict=True):
+        try:
+            envelope = unpack(bytes(raw))
+        except Exception:  # noqa: BLE001, S112 - any stored bytes: left as "?"
+            continue
+        letters[i] = dataclasses.replace(
+            letters[i], type=envelope.type, group=envelope.group
+        )
 
 
 def id_list(task_ids: object) -> Sequence[object]:

@@ -1,5 +1,10 @@
 """Plain-text rendering for the operator commands: tables, durations,
-progress, and JSON (no dependency beyond msgspec)."""
+progress, and JSON (no dependency beyond msgspec).
+
+Whatever stored text a page shows (ids, groups, types, errors, tracebacks,
+consumer names, payloads) is shown through :func:`~.printable.printable`:
+table cells and field values here, every line again in ``_cli/stdout.py``.
+"""
 
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from .._inspect.views import (
     TaskDetails,
     span_text,
 )
+from .printable import json_printable, printable
 
 if TYPE_CHECKING:
     from ..task import DeadLetter
@@ -56,7 +62,10 @@ def clock(at: float | None) -> str:
     """A server timestamp as UTC, to the millisecond."""
     if at is None:
         return "-"
-    stamp = datetime.fromtimestamp(at, UTC)
+    try:
+        stamp = datetime.fromtimestamp(at, UTC)
+    except (OverflowError, ValueError, OSError):  # a stored time out of range
+        return f"{at:.3f} (not a date)"
     return stamp.strftime("%Y-%m-%d %H:%M:%S.") + f"{stamp.microsecond // 1000:03d}Z"
 
 
@@ -64,7 +73,7 @@ def short(text: str | None, width: int = CELL) -> str:
     """One line of at most *width* characters."""
     if not text:
         return "-"
-    line = " ".join(text.split())
+    line = printable(" ".join(text.split()))
     return line if len(line) <= width else line[: width - 1] + "…"
 
 
@@ -90,7 +99,7 @@ def table(
     column (a reason, as a rule) is wrapped onto more lines to fit *width*
     characters, never cut; ``"terminal"``: :func:`terminal_width`, ``None``:
     one line per row however long."""
-    cells = [[str(c) for c in row] for row in rows]
+    cells = [[printable(str(c)) for c in row] for row in rows]
     numeric = [
         all(_is_number(row[i]) for row in cells) and bool(cells)
         for i in range(len(headers))
@@ -132,7 +141,7 @@ def _is_number(text: str) -> bool:
 
 def fields(pairs: Iterable[tuple[str, object]], indent: str = "  ") -> str:
     """'name:  value' lines, values aligned."""
-    items = [(name, str(value)) for name, value in pairs]
+    items = [(name, printable(str(value))) for name, value in pairs]
     width = max((len(name) for name, _ in items), default=0) + 1
     return "\n".join(f"{indent}{(name + ':').ljust(width)}  {v}" for name, v in items)
 
@@ -140,7 +149,8 @@ def fields(pairs: Iterable[tuple[str, object]], indent: str = "  ") -> str:
 def to_json(value: Any, *, pretty: bool = True) -> str:
     """JSON of a view (dataclasses, enums, mappings); bytes become base64."""
     data = msgspec.json.encode(value)
-    return (msgspec.json.format(data, indent=2) if pretty else data).decode()
+    text = (msgspec.json.format(data, indent=2) if pretty else data).decode()
+    return json_printable(text)
 
 
 # -- views ---------------------------------------------------------------------
@@ -186,14 +196,14 @@ def render_stats(stats: QueueStats, rates: Mapping[str, float] | None = None) ->
 def _block(rows: Sequence[tuple[str, str, str] | str]) -> str:
     """Headings, and label / right-aligned figure / note lines under them."""
     lines = [r for r in rows if not isinstance(r, str)]
-    label_width = max(len(label) for label, _, _ in lines)
+    label_width = max(len(printable(label)) for label, _, _ in lines)
     figure_width = max(len(figure) for _, figure, _ in lines)
     out = []
     for row in rows:
         if isinstance(row, str):
-            out.append(row)
+            out.append(printable(row))
             continue
-        label, figure, note = row
+        label, figure, note = map(printable, row)
         line = f"  {label.ljust(label_width)}  {figure.rjust(figure_width)}  {note}"
         out.append(line.rstrip())
     return "\n".join(out)
@@ -337,9 +347,10 @@ def render_task(t: TaskDetails) -> str:
         ("payload size", size_text(t.payload_size)),
         ("payload", _payload(t)),
     ]  # fmt: skip
-    out = [f"task {t.id}", fields(pairs)]
+    out = [f"task {printable(t.id)}", fields(pairs)]
     if t.traceback:
-        out += ["traceback", _indent(t.traceback.rstrip())]
+        # Its lines stay lines; any other control character is shown.
+        out += ["traceback", _indent(printable(t.traceback.rstrip(), keep="\n"))]
     return "\n".join(out)
 
 

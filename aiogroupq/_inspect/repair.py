@@ -7,7 +7,9 @@ stages go from the keys outwards, so that each one works on what the earlier
 ones left sound:
 
 1. *keys*: a key of the wrong type, or one no script makes, is deleted; what
-   it held shows up in the next check as lost tasks or damaged counts;
+   it held shows up in the next check as lost tasks or damaged counts. The
+   queue's ``conf`` is rebuilt instead, keeping what is readable of its
+   settings and layout (``_inspect/conf_rebuild.py``);
 2. *tasks*: a live task whose hash is damaged (missing fields, an envelope
    that does not decode or is too large, an unknown state) is dead-lettered
    with a ``Corrupt:`` reason, out of wherever it waits, its slot passed on;
@@ -41,10 +43,11 @@ from redis.exceptions import ResponseError
 from .._store import layout as _layout
 from .._store.connection import RedisLike, open_client
 from .._store.failures import unavailable_as_error
-from .._store.partition import Partitions
+from .._store.partition import Layout, Partitions
 from .._store.scripts import REPAIR
 from ..errors import CorruptQueueError
 from . import check as fsck, problems as problem_kinds, snapshot as _snapshot
+from .conf_rebuild import conf_step
 
 if TYPE_CHECKING:
     from redis.typing import EncodableT
@@ -109,9 +112,10 @@ class Repair:
     """One change :func:`repair_queue` made.
 
     :ivar step: what kind of change: ``"drop"`` (a damaged or unknown key
-        deleted), ``"bury"`` (a damaged task dead-lettered), ``"flag"`` (a
-        conf flag set), ``"place"`` (a task's entries put right), ``"group"``
-        (a group's marks and counts rebuilt), ``"index"``, ``"stat"`` or
+        deleted), ``"conf"`` (the queue's damaged ``conf`` rebuilt),
+        ``"bury"`` (a damaged task dead-lettered), ``"flag"`` (a conf flag
+        set), ``"place"`` (a task's entries put right), ``"group"`` (a
+        group's marks and counts rebuilt), ``"index"``, ``"stat"`` or
         ``"fence"`` (a count set)
     :ivar task_id: the task concerned, if one is
     :ivar group: the group concerned, if one is
@@ -236,11 +240,39 @@ def _expected_type(keys: QueueKeys, name: str) -> str:
 def _plan_keys(
     snap: _snapshot.Snapshot, problems: Sequence[problem_kinds.Problem]
 ) -> list[_Step]:
-    return [
-        _Step(("drop", p.key, _expected_type(snap.keys, p.key)))
-        for p in problems
-        if p.key is not None
-    ]
+    steps = []
+    for p in problems:
+        if p.key is None or p.key == snap.keys.conf:  # see _conf_steps
+            continue
+        step: tuple[EncodableT, ...] = ("drop", p.key, _expected_type(snap.keys, p.key))
+        if p.key == snap.keys.fence:  # set again in the same call: see repair.lua
+            step += (_highest_token(snap),)
+        steps.append(_Step(step))
+    return steps
+
+
+def _highest_token(snap: _snapshot.Snapshot) -> int:
+    """The highest fencing token a task of *snap* holds."""
+    return max(
+        (int(t.token or 0) for t in snap.tasks.values() if _is_int(t.token)),
+        default=0,
+    )
+
+
+async def _conf_steps(
+    client: Client,
+    snap: _snapshot.Snapshot,
+    problems: Sequence[problem_kinds.Problem],
+    layout: Layout | None,
+) -> list[_Step]:
+    """The step rebuilding a damaged ``conf``, which a drop would lose the
+    settings and layout of (*layout*: the queue's, None to read it)."""
+    keys = snap.keys
+    if snap.damaged_conf is None or all(p.key != keys.conf for p in problems):
+        return []
+    if layout is None:
+        layout = await _layout.read_or_recover(client, Partitions(keys.queue))
+    return [_Step(await conf_step(client, keys, snap, layout))]
 
 
 def _plan_tasks(
@@ -392,8 +424,7 @@ def _plan_counters(
             if have is None or not _is_int(have) or int(have) != want:
                 steps.append(_Step(("stat", name, want, have or "")))
     if problem_kinds.BAD_FENCE in kinds:
-        tokens = [int(t.token or 0) for t in snap.tasks.values() if _is_int(t.token)]
-        steps.append(_Step(("fence", max(tokens, default=0))))
+        steps.append(_Step(("fence", _highest_token(snap))))
     return steps
 
 
@@ -436,9 +467,14 @@ async def repair(
     *,
     max_payload: int = _snapshot.DEFAULT_MAX_PAYLOAD,
     rounds: int = ROUNDS,
+    layout: Layout | None = None,
 ) -> tuple[list[Repair], list[problem_kinds.Problem]]:
     """Check and repair one queue until it is consistent or nothing more can
-    be done; return the changes made and the problems left."""
+    be done; return the changes made and the problems left.
+
+    :param layout: the queue's partition layout, for rebuilding a damaged
+        ``conf`` (None: read it when needed)
+    """
     done: list[Repair] = []
     stuck: set[str] = set()  # stages whose steps changed nothing
     problems: list[problem_kinds.Problem] = []
@@ -459,7 +495,10 @@ async def repair(
             break
         stage = todo[0]
         changed = False
-        for step in _PLANS[stage](snap, by_stage[stage]):
+        steps = _PLANS[stage](snap, by_stage[stage])
+        if stage == "keys":
+            steps += await _conf_steps(client, snap, by_stage[stage], layout)
+        for step in steps:
             detail = await _run_step(client, keys, step)
             if detail:
                 changed = True
@@ -482,7 +521,8 @@ async def repair_queue(
     """Repair what :func:`check_queue` finds in one queue's Redis keys.
 
     Each kind of problem is repaired so that group order is kept: damaged
-    or unknown keys are deleted, tasks whose hash is damaged are
+    or unknown keys are deleted (a damaged ``conf`` is rebuilt, keeping the
+    settings and partition layout still readable), tasks whose hash is damaged are
     dead-lettered (``Corrupt: ...``), each task gets exactly the one entry
     its state calls for (a lost one goes back where its group's order puts
     it; a running one whose lease is gone is recovered by the next claim,
@@ -513,9 +553,11 @@ async def repair_partitions(
     parts = Partitions(queue)
     done: list[Repair] = []
     async with open_client(redis, retry=True) as client:
-        parts.layout = await _layout.read(client, parts)
+        parts.layout = await _layout.read_or_recover(client, parts)
         for keys in parts.all():
-            done += (await repair(client, keys, max_payload=max_payload))[0]
+            done += (
+                await repair(client, keys, max_payload=max_payload, layout=parts.layout)
+            )[0]
     found = await fsck.examine(redis, queue, max_payload=max_payload)
     return done, found.problems
 

@@ -97,7 +97,14 @@ class _Checker:
                 UNKNOWN_KEY, None, None, f"{name}: no script makes this key", name
             )
         for name, kind in snap.wrong_types:
-            self.report(WRONG_TYPE, None, None, f"{name} is a {kind}", name)
+            detail = f"{name} is a {kind}"
+            if name == self.keys.conf:
+                detail += (
+                    ", not a hash: the queue's settings and partition layout "
+                    "cannot be read, so producers, consumers and views refuse "
+                    "the queue (--repair rebuilds it, keeping what is readable)"
+                )
+            self.report(WRONG_TYPE, None, None, detail, name)
         for task in snap.tasks.values():
             self.check_fields(task)
         self.collect_places()
@@ -614,7 +621,8 @@ def problems_across(parts: Partitions, snaps: Sequence[Snapshot]) -> list[Proble
     for snap in snaps:
         partition = snap.keys.partition
         copy = snap.conf.get("parts", "1")
-        if partition and copy != layout and not snap.empty:
+        damaged = snap.damaged_conf is not None  # reported as WRONG_TYPE
+        if partition and copy != layout and not snap.empty and not damaged:
             found.append(
                 Problem(
                     BAD_LAYOUT,

@@ -32,6 +32,7 @@ from redis.exceptions import ResponseError
 from .._store.codec import describe_decode_error, unpack
 from .._store.connection import node_of
 from .._store.defaults import DEFAULT_MAX_PAYLOAD_BYTES
+from .._store.wrongtype import is_wrong_type
 from .._work.runner import ENVELOPE_OVERHEAD, _out_of_range
 
 if TYPE_CHECKING:
@@ -152,6 +153,10 @@ class Snapshot:
     inflight: dict[str, list[str]] = field(default_factory=dict)
     #: (key, its type) of every key whose type is wrong
     wrong_types: list[tuple[str, str]] = field(default_factory=list)
+    #: a conf of the wrong type: its type and what it holds, as text (a
+    #: string's value; a list's, set's or stream's entries; a zset's
+    #: members and scores), for the repair to salvage settings from
+    damaged_conf: tuple[str, list[str]] | None = None
     unknown: list[str] = field(default_factory=list)
     #: keys of the queue in another cluster slot than its fixed keys
     outside_slot: list[str] = field(default_factory=list)
@@ -234,9 +239,49 @@ async def _read_all(client: Client, key: str, kind: str) -> list[Any] | None:
                 return out
             start += SLICE
     except ResponseError as exc:
-        if "WRONGTYPE" in str(exc):
+        if is_wrong_type(exc):
             return None
         raise
+
+
+#: entries read from a damaged conf (a healthy one has about a dozen fields)
+_SALVAGE: Final = 1000
+
+
+async def _salvage(client: Client, key: str, kind: str) -> list[str]:
+    """What a key of the wrong type still holds, as text, in the order its
+    type keeps (at most :data:`_SALVAGE` entries; nothing for a type no
+    settings can be read from)."""
+    raw = _raw(key)
+    client_: Any = client  # XRANGE and the type-generic calls are untyped
+    try:
+        if kind == "string":
+            value = await client_.getrange(raw, 0, 64 * 1024)
+            return [_text(value)]
+        if kind == "list":
+            values = await client_.lrange(raw, 0, _SALVAGE - 1)
+        elif kind == "set":
+            values = (await client_.sscan(raw, 0, count=_SALVAGE))[1]
+        elif kind == "zset":
+            pairs = await client_.zrange(raw, 0, _SALVAGE - 1, withscores=True)
+            values = [v for member, score in pairs for v in (member, _number(score))]
+        elif kind == "stream":
+            entries = await client_.xrange(raw, count=_SALVAGE)
+            values = [
+                v for _, fields in entries for pair in fields.items() for v in pair
+            ]
+        else:
+            return []
+    except ResponseError as exc:
+        if is_wrong_type(exc):  # changed type since: the next check sees it
+            return []
+        raise
+    return [_text(v) for v in values]
+
+
+def _number(score: float) -> str:
+    """A zset score as a setting's text: ``3`` rather than ``3.0``."""
+    return str(int(score)) if score.is_integer() else repr(score)
 
 
 async def _types(client: Client, names: Sequence[str]) -> list[str]:
@@ -292,6 +337,8 @@ async def read(
             continue
         if kind != expected:
             snap.wrong_types.append((name, kind))
+            if name == keys.conf:
+                snap.damaged_conf = (kind, await _salvage(client, name, kind))
             continue
         usable.append((family, item, name))
 

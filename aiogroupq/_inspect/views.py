@@ -21,6 +21,7 @@ __all__ = (
 )
 
 import enum
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -357,6 +358,8 @@ class TaskDetails:
 
 def span_text(seconds: float) -> str:
     """A duration for people: 850ms, 12.5s, 4m10s, 3h05m, 2d04h."""
+    if not math.isfinite(seconds):  # from a stored time no script wrote
+        return "-"
     seconds = max(0.0, seconds)
     if seconds < 1:
         return f"{seconds * 1000:.0f}ms"

@@ -20,14 +20,16 @@
               after a lost reply) is answered with the tasks the first one
               claimed, instead of claiming more
   ARGV[9]     retention of expired and cancelled tasks in ms
-  returns  {wait_ms, more, now_ms, {dead ids}, {problems}, {expired ids},
+  returns  {wait_ms, more, now_ms, {dead}, {problems}, {expired ids},
             id1, envelope1, attempt1, token1, due1, max_attempts1, id2, ...}
            wait_ms: ms until the next delayed task (or rate-limited
            group) is due, -1 if none
            more: 1 if runnable entries are left
-           dead ids: tasks this call dead-lettered (lease expired on the
-           last attempt, damaged keys), for the consumer's on_dead
-           problems: damaged keys met (entries dropped), to log
+           dead: id1, reason1, id2, reason2, ...: tasks this call
+           dead-lettered (lease expired on the last attempt, damaged keys),
+           for the consumer's log and on_dead
+           problems: damaged keys met (entries dropped, a task holding no
+           slot of its group), to log
            expired ids: tasks this call ended "expired" (for metrics)
            due: when the task became runnable (server ms): its enqueue, the
            end of its delay or retry backoff, its group's turn
@@ -71,6 +73,10 @@ end
 local now = now_ms()
 local out = { -1, 0, now, {}, {}, {} }
 local dead_ids, problems, expired_ids = out[4], out[5], out[6]
+local function dead_letter(id, reason)
+  dead_ids[#dead_ids + 1] = id
+  dead_ids[#dead_ids + 1] = reason
+end
 
 -- The reply's tail: is more runnable, and when is the next delayed task due.
 local function reply()
@@ -106,14 +112,29 @@ local readied = 0
 -- (a) Recovery comes before any claim, so an interrupted task is at the front
 -- of its group again before a later task of its group could be looked at.
 for _, id in ipairs(redis.call('ZRANGEBYSCORE', K_LEASES, '-inf', now, 'LIMIT', 0, recover_limit)) do
-  local became, problem = recover(id, now, 'lease expired', true, retention)
-  if became == 'dead' then dead_ids[#dead_ids + 1] = id end
+  local became, problem, reason = recover(id, now, 'lease expired', true, retention)
+  if became == 'dead' then dead_letter(id, reason) end
   if problem then problems[#problems + 1] = problem end
 end
 
 local function bury_damaged(id, G, holder, what)
-  readied = readied + bury(id, G, holder, now, damage_reason(what), '')
-  dead_ids[#dead_ids + 1] = id
+  local reason = damage_reason(what)
+  readied = readied + bury(id, G, holder, now, reason, '')
+  dead_letter(id, reason)
+end
+
+-- A ready entry its group never gave a slot: the group that did may hold
+-- that slot for it for good (its field g was changed after it got one), so
+-- the claim names the group the task was enqueued in (its envelope's, read
+-- only on this path) for the log, and the check repairs both groups.
+local function unmarked(id, g, e)
+  local ok, env = pcall(cmsgpack.unpack, e)
+  local was = ok and type(env) == 'table' and env[4]
+  if type(was) == 'string' and was ~= g then
+    return 'task ' .. id .. ' was enqueued in group ' .. was .. ' but its group field says '
+      .. g .. ': group ' .. was .. ' keeps a slot for it and waits'
+  end
+  return 'task ' .. id .. ' in the ready list holds no slot of its group ' .. g
 end
 
 -- A task hash that exists but lacks what a live task needs (terminal tasks
@@ -220,6 +241,7 @@ local function take(id)
   if broken then return bury_damaged(id, G, m, 'the task hash lacks fields it needs') end
   if G then
     if not m then -- an entry the scripts did not mark: only a damaged queue has one
+      problems[#problems + 1] = unmarked(id, g, f[1])
       if not has_room(G) then
         if wrong_type(redis.pcall('RPUSH', k_park(g), id)) then
           return bury_damaged(id, G, false, 'the line of group ' .. g .. ' is damaged')

@@ -7,7 +7,10 @@
   ARGV[1]     key prefix
   ARGV[2]     "requeue": each dead task id in ARGV[3..] runs again with a
                          fresh set of attempts, first in its group's line
-                         (at once if a slot is free)
+                         (at once if a slot is free); not while its group
+                         holds max_size live tasks (the cap enqueue keeps),
+                         unless it is the task the group is halted behind
+                         (then the group's way on, one over the cap at most)
               "requeue_here": as "requeue", but only a task whose group is
                          live in this partition (a partitioned queue: a
                          group lives in one partition at a time, and this
@@ -19,7 +22,8 @@
               Callers send at most a few hundred targets per call, so that
               one call stays short.
   returns  how many of ARGV[3..] were acted on (others were not dead, or not
-           halted, or had damaged keys, and were left alone)
+           halted, or had damaged keys, or their group was full, and were
+           left alone)
 ]]
 --- @include "base"
 --- @include "ready"
@@ -39,6 +43,8 @@ local function requeue(id, key, g, u)
     G = group(g)
     if not G then return false end
     if op == 'requeue_here' and not G.existed then return false end
+    -- The cap an enqueue keeps (a requeue adds a live task as one does).
+    if G.mx and G.halted ~= id and G.k + G.d + G.w >= G.mx then return false end
     if G.halted ~= id and not has_room(G)
         and wrong_type(redis.pcall('LLEN', k_park(g))) then return false end
   elseif op == 'requeue_here' then

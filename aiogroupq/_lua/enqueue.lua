@@ -13,7 +13,10 @@
     run_at_ms     0 for none, else the due time in Unix ms (server clock);
                   wins over delay_ms
     max_attempts  integer >= 1
-    dedup_key     "" for none
+    dedup_key     "" for none; a queue-wide key (valid UTF-8), or a key held
+                  within the task's group: "\xff<group>\xff<key>"
+                  (_store/keys.py scoped_dedup; 0xFF is never UTF-8, so the
+                  two kinds never meet). Either is the task's "u" when unique
     unique        "1": the dedup key holds until the task ends, not for the
                   window
     priority      "" for the group's default (else 0), or 0..9

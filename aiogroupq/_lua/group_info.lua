@@ -37,8 +37,13 @@ else
   end
   if op == 'busiest' or op == 'oldest' then
     local key = op == 'busiest' and K_BACKLOG or K_WAITING
-    local cmd = op == 'busiest' and 'ZREVRANGE' or 'ZRANGE'
-    names = redis.call(cmd, key, start, start + count - 1)
+    -- Each command named as it is: the ACL rule of the views is derived
+    -- from these names (tests/test_acl.py).
+    if op == 'busiest' then
+      names = redis.call('ZREVRANGE', key, start, start + count - 1)
+    else
+      names = redis.call('ZRANGE', key, start, start + count - 1)
+    end
     if #names == count and redis.call('ZCARD', key) > start + count then
       next_cursor = start + count
     end

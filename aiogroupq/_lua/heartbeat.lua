@@ -8,15 +8,23 @@
               (KEYS[2] and KEYS[3] only with a registration, below)
   ARGV[1]     key prefix
   ARGV[2]     lease duration in ms, counted from now (server clock)
-  ARGV[3]     n, the number of (task id, fencing token) pairs that follow
-  ARGV[4..3+2n]  the pairs
-  ARGV[4+2n..]   with KEYS[2..3]: the consumer's name, then field, value
+  ARGV[3]     "1" to restore leases, else "": a lease whose token still owns
+              its running task is set again even if it expired or is gone.
+              The consumer sends it once after it met the leases key
+              damaged: the check's repair puts a running task back with an
+              expired lease (it cannot tell a live holder from a dead one),
+              and while the key was damaged no heartbeat could extend it
+              nor any claim recover the task, so its token still owning the
+              task means nobody else took it
+  ARGV[4]     n, the number of (task id, fencing token) pairs that follow
+  ARGV[5..4+2n]  the pairs
+  ARGV[5+2n..]   with KEYS[2..3]: the consumer's name, then field, value
               pairs of its registration (host, pid, in-flight count, ...)
   returns  one code per pair: 1 extended, 0 lost (the token no longer owns a
            running task: the lease expired, whether or not a claim has
-           recovered the task yet, or the task was taken, or its hash is
-           damaged), 2 extended but cancellation was requested
-           (Producer.cancel)
+           recovered the task yet, unless restoring, or the task was taken,
+           or its hash is damaged), 2 extended but cancellation was
+           requested (Producer.cancel)
   Registry: the hash gets the fields, hb = now and st (first seen) once, and
   lives three leases, so a consumer that stops without leaving stays listed
   as gone for two leases after its last heartbeat; entries whose hash has
@@ -25,9 +33,9 @@
 ]]
 --- @include "base"
 
-local lease_ms, n = tonumber(ARGV[2]), tonumber(ARGV[3])
-if not lease_ms or not n or n < 0 or #ARGV < 3 + 2 * n
-    or (#KEYS >= 3 and (#ARGV - 3 - 2 * n) % 2 ~= 1) then
+local lease_ms, restore, n = tonumber(ARGV[2]), ARGV[3] == '1', tonumber(ARGV[4])
+if not lease_ms or not n or n < 0 or #ARGV < 4 + 2 * n
+    or (#KEYS >= 3 and (#ARGV - 4 - 2 * n) % 2 ~= 1) then
   return redis.error_reply('ERR aiogroupq heartbeat: malformed arguments')
 end
 local bad = preflight({ K_LEASES, 'zset' })
@@ -38,14 +46,18 @@ local register = #KEYS >= 3 and not preflight({ KEYS[2], 'zset', KEYS[3], 'hash'
 local now = now_ms()
 local deadline = now + lease_ms
 local codes = {}
-for b = 4, 3 + 2 * n, 2 do
+for b = 5, 4 + 2 * n, 2 do
   local id = ARGV[b]
   local f = redis.pcall('HMGET', k_task(id), 'k', 's', 'cx')
   -- An expired lease is lost even before a claim recovers its task: its
   -- consumer was silent past the deadline, and must stop.
   if not wrong_type(f) and f[1] == ARGV[b + 1] and f[2] == 'running'
-      and (tonumber(redis.call('ZSCORE', K_LEASES, id)) or 0) > now then
-    redis.call('ZADD', K_LEASES, 'XX', deadline, id)
+      and (restore or (tonumber(redis.call('ZSCORE', K_LEASES, id)) or 0) > now) then
+    if restore then
+      redis.call('ZADD', K_LEASES, deadline, id)
+    else
+      redis.call('ZADD', K_LEASES, 'XX', deadline, id)
+    end
     codes[#codes + 1] = f[3] and 2 or 1
   else
     codes[#codes + 1] = 0
@@ -54,7 +66,7 @@ end
 
 local PRUNE = 16 -- gone entries looked at per call
 if register then
-  local registry, info, r = KEYS[2], KEYS[3], 4 + 2 * n
+  local registry, info, r = KEYS[2], KEYS[3], 5 + 2 * n
   local fields = { 'hb', now, 'ttl', lease_ms }
   if redis.call('HEXISTS', info, 'st') == 0 then
     fields[#fields + 1] = 'st'

@@ -14,9 +14,16 @@
                   repartition; "1" removes the field)
   returns  "create": the layout stored after the call; "cas": the one
            stored before it ("1" if none)
+  errors   "aiogroupq corrupt <key>: ..." if the conf hash is not a hash
 ]]
 --- @include "base"
 
+-- The words of _store/layout.py's for a damaged conf, less the type found:
+-- every role runs this script, and a worker's ACL rule does not grant TYPE.
+if wrong_type(redis.pcall('HLEN', K_CONF)) then
+  return corrupt(K_CONF,
+    "it is not a hash: the queue's settings and partition layout cannot be read")
+end
 local op, stored = ARGV[2], redis.call('HGET', K_CONF, 'parts') or '1'
 if op == 'create' then
   if stored ~= '1' or ARGV[3] == '1' then return stored end

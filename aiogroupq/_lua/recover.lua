@@ -9,17 +9,23 @@
   KEYS[2]     {aiogroupq:<q>}:delayed  ZSET id -> due time (server ms)
   KEYS[3]     {aiogroupq:<q>}:leases   ZSET id -> lease deadline (server ms)
   KEYS[4]     {aiogroupq:<q>}:wake     LIST wake tokens that blocked fetchers BLPOP
-  KEYS[5]     {aiogroupq:<q>}:dead     ZSET id -> time dead-lettered (server ms)
-  KEYS[6]     {aiogroupq:<q>}:inflight:<consumer>   SET, the recovery key
+  KEYS[5]     {aiogroupq:<q>}:fence    STRING counter of fencing tokens (only
+              checked: a consumer starting on a queue whose claims would be
+              refused is refused at once, see below)
+  KEYS[6]     {aiogroupq:<q>}:dead     ZSET id -> time dead-lettered (server ms)
+  KEYS[7]     {aiogroupq:<q>}:inflight:<consumer>   SET, the recovery key
   ARGV[1]     key prefix
   ARGV[2]     1 to count the interrupted attempt, 0 not to
   ARGV[3]     the consumer's name (a task another consumer owns is only
               dropped from this recovery key, never taken from its owner)
   ARGV[4]     retention of a task cancelled meanwhile, in ms
   ARGV[5..]   ids of tasks the consumer still runs (left alone)
-  returns  {given back, {dead ids}}: how many tasks went back (each to the
-           front of its group, or dead-lettered when counted past its last
-           attempt), and the ids dead-lettered
+  returns  {given back, {id1, reason1, id2, reason2, ...}}: how many tasks
+           went back (each to the front of its group, or dead-lettered when
+           counted past its last attempt), and those dead-lettered
+  errors   "aiogroupq corrupt <key>: ..." for any fixed key the claim checks
+           (the fence too), before anything is written: a consumer's first
+           call, so that it refuses to start on a damaged queue
 ]]
 --- @include "base"
 --- @include "ready"
@@ -32,22 +38,29 @@ if not retention then
   return redis.error_reply('ERR aiogroupq recover: malformed arguments')
 end
 local bad = check_fixed({ K_DELAYED, 'zset', K_LEASES, 'zset', K_DEAD, 'zset',
-  KEYS[6], 'set' })
+  KEYS[7], 'set', K_FENCE, 'string' })
 if bad then return bad end
+local fence = redis.call('GET', K_FENCE)
+if fence and not tonumber(fence) then
+  return corrupt(K_FENCE, 'not an integer counter')
+end
 local keep = {}
 for i = 5, #ARGV do keep[ARGV[i]] = true end
 local now = now_ms()
 local n, readied, dead_ids = 0, 0, {}
-for _, id in ipairs(redis.call('SMEMBERS', KEYS[6])) do
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[7])) do
   if not keep[id] then
     local owner = redis.pcall('HGET', k_task(id), 'c')
     if owner == consumer then
       n = n + 1
-      local became = recover(id, now, 'consumer restarted', counted, retention)
+      local became, _, reason = recover(id, now, 'consumer restarted', counted, retention)
       if became == 'ready' then readied = readied + 1 end
-      if became == 'dead' then dead_ids[#dead_ids + 1] = id end
+      if became == 'dead' then
+        dead_ids[#dead_ids + 1] = id
+        dead_ids[#dead_ids + 1] = reason
+      end
     end
-    redis.call('SREM', KEYS[6], id)
+    redis.call('SREM', KEYS[7], id)
   end
 end
 flush()

@@ -12,8 +12,12 @@
   KEYS[6]     {aiogroupq:<q>}:dead     ZSET id -> time dead-lettered (server ms)
   ARGV[1]     key prefix
   ARGV[2]     the step, its arguments after it:
-    "drop" key type       delete key if it holds another type than *type*;
-                          with type "" delete it (a key no script makes)
+    "drop" key type [max]  delete key if it holds another type than *type*;
+                          with type "" delete it (a key no script makes);
+                          the fence key is set to *max* (the highest token
+                          tasks hold) in the same call, so that no claim
+                          between the drop and the counters stage can hand
+                          out a token a stale holder still has
     "bury" id state why label ...  dead-letter a task whose hash is
                           damaged, if it is still in *state* ("" for none):
                           out of the places named and any sorted set, its
@@ -43,6 +47,11 @@
     "stat" field want seen  set a stats counter, if it still reads *seen*
     "fence" max           raise the fence counter to at least *max*
     "flag" name           set a conf flag (pu, gc or uq) to 1
+    "conf" type why f v ...  rebuild the conf hash, if it is still of *type*
+                          (the wrong one the check saw) or gone: delete it
+                          and write the fields f v ... the repair could
+                          read (from the damaged key, the other partitions);
+                          *why* says where they came from
   returns  what was changed, in words ("" for nothing), or "retry" when the
            queue moved on since the check (nothing written: plan again)
   errors   "aiogroupq corrupt <key>: ..." if a key the step writes is
@@ -449,6 +458,10 @@ if op == 'drop' then
   if t ~= 'none' and (kind == '' or t ~= kind) then
     redis.call('DEL', key)
     note('deleted ' .. key .. ' (a ' .. t .. ')')
+    if key == K_FENCE and ARGV[5] then
+      redis.call('SET', K_FENCE, ARGV[5])
+      note('fence set to ' .. ARGV[5] .. ', the highest token held')
+    end
   end
 elseif op == 'bury' then
   bad = fixed_ok()
@@ -508,6 +521,16 @@ elseif op == 'flag' then
   if not bad and redis.call('HGET', K_CONF, name) ~= '1' then
     redis.call('HSET', K_CONF, name, 1)
     note('conf ' .. name .. ' = 1')
+  end
+elseif op == 'conf' then
+  local t = redis.call('TYPE', K_CONF)
+  t = type(t) == 'table' and t.ok or t
+  if t == ARGV[3] or t == 'none' then
+    redis.call('DEL', K_CONF)
+    local fields = {}
+    for i = 5, #ARGV do fields[#fields + 1] = ARGV[i] end
+    if #fields > 0 then redis.call('HSET', K_CONF, unpack(fields)) end
+    note('rebuilt ' .. K_CONF .. ' (a ' .. t .. '): ' .. ARGV[4])
   end
 else
   return redis.error_reply('ERR aiogroupq repair: unknown step ' .. tostring(op))

@@ -15,11 +15,15 @@
            order: 0 for a slot holder (running, or next to run), else the
            group's slot holders plus its place in the group's line (LPOS:
            O(line)).
-  errors   "aiogroupq corrupt <key>: ..." if the task's hash is damaged
+  errors   "aiogroupq corrupt <key>: ..." if the task's hash or the queue's
+           conf is damaged
 ]]
 --- @include "base"
 --- @include "slots"
 
+-- conf() and group() read the queue's settings: a damaged conf is refused.
+local bad = preflight({ K_CONF, 'hash' })
+if bad then return bad end
 local id = ARGV[2]
 local key = k_task(id)
 local fields = redis.pcall('HGETALL', key)

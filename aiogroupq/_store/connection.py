@@ -147,6 +147,16 @@ def check_borrowed(client: Client) -> None:
         )
 
 
+def sees_every_try(client: Client) -> bool:
+    """Whether each connection *client* makes, and each failure it re-sends
+    after, is reported to ``_store/failures.py``: a plain client that
+    aiogroupq made from a URL (its handshake and its retry policy are ours)."""
+    kwargs = connection_kwargs(client)
+    return kwargs.get("redis_connect_func") is _handshake and isinstance(
+        kwargs.get("retry"), BoundedRetry
+    )
+
+
 def socket_timeout(client: Client) -> float | None:
     """The client's socket timeout in seconds (``None``: unlimited)."""
     value = connection_kwargs(client).get("socket_timeout")
@@ -248,7 +258,11 @@ async def _handshake(connection: AbstractConnection) -> None:
     sends nothing in its handshake that Redis 7.0 refuses (Redis 7.0 does
     not know CLIENT SETINFO), and Redis 7.0 answers a long command from a
     client without credentials with a protocol error, then hangs up. One
-    round trip per new connection; PING is in every rule the docs give."""
+    round trip per new connection; PING is in every rule the docs give.
+
+    From here on a request may reach the server: an enqueue that fails
+    after this is an unknown outcome (``failures.outcome_of``)."""
+    _failures.note_connected()
     await connection.on_connect()
     await connection.send_command("PING", check_health=False)
     await connection.read_response()

@@ -1,11 +1,10 @@
 """The defaults and caps both roles and the checks share (one place, so a
-consumer, the check and a producer never disagree)."""
+consumer, the check and a producer never disagree). It imports nothing of
+the package: :mod:`aiogroupq.errors` reads it."""
 
 from __future__ import annotations
 
 from typing import Final
-
-from .validate import REPLICA_WAIT_MS
 
 #: default ``max_payload_bytes``: 512 KiB of encoded MessagePack
 DEFAULT_MAX_PAYLOAD_BYTES: Final = 512 * 1024
@@ -18,6 +17,17 @@ DEFAULT_RETENTION: Final = 3600.0
 #: most tasks one ``enqueue_many`` call takes: one atomic script call stays
 #: around 10 ms of Redis time
 MAX_BATCH: Final = 1000
+#: default ``max_batch_bytes``: most bytes of encoded tasks one
+#: ``enqueue_many`` call carries (8 MiB: about 20 ms of Redis time for the
+#: script, 60 ms for the call, on loopback). Counting tasks alone let a batch
+#: of 400 tasks of 512 KiB hold Redis for 1.8 s
+DEFAULT_MAX_BATCH_BYTES: Final = 8 * 1024 * 1024
+#: the longest delay a task (``delay``, ``run_at``) or a ``Retry`` may ask
+#: for, in seconds: 365 days. A delayed task, and a ``unique`` dedup key it
+#: holds, stay no longer than this
+MAX_DELAY: Final = 365 * 24 * 3600.0
+#: how long a replicated write waits for a replica's acknowledgement (ms)
+REPLICA_WAIT_MS: Final = 2000
 #: seconds after its claim was sent within which a task of a group may
 #: start; later, it goes back unstarted. Pausing a group waits out this
 #: window of the group's latest claim, so that nothing claimed before the

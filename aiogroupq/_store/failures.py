@@ -12,10 +12,11 @@ client's retries or its budget becomes
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import socket
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Final, ParamSpec, TypeVar
@@ -26,6 +27,7 @@ from ..errors import (
     AiogroupqError,
     AuthenticationError,
     ConfigurationError,
+    OutcomeUnknownError,
     PermissionDeniedError,
     RedisUnavailableError,
 )
@@ -118,9 +120,133 @@ def forget_failures() -> None:
 
 def note_failure(exc: BaseException) -> None:
     """Keep *exc*, a failure about to be retried, for :func:`gave_up` (an
-    inner layer's :class:`BudgetSpent` keeps the cause it named)."""
+    inner layer's :class:`BudgetSpent` keeps the cause it named), and for
+    the :func:`outcome_of` around it."""
     if not isinstance(exc, BudgetSpent):
         _LAST_FAILURE.set(exc)
+        if (outgoing := _OUTGOING.get()) is not None:
+            outgoing.failures += 1
+            outgoing.reached = outgoing.reached or not refused_connect(exc)
+
+
+def note_connected() -> None:
+    """A connection was made (its handshake begins): a request may reach
+    the server from now on (see :func:`outcome_of`)."""
+    if (outgoing := _OUTGOING.get()) is not None:
+        outgoing.reached = True
+
+
+#: errnos of a connection that was never made: the request was not sent
+_NEVER_CONNECTED: Final = frozenset({errno.ECONNREFUSED, errno.ENOENT})
+
+
+def refused_connect(exc: BaseException) -> bool:
+    """Whether *exc* is a refusal to connect (by the socket error behind
+    it: connection refused, no such socket file, an unknown host name),
+    which happens before anything is sent."""
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        if isinstance(link, socket.gaierror):
+            return True
+        if isinstance(link, OSError) and link.errno in _NEVER_CONNECTED:
+            return True
+        link = link.__cause__ or link.__context__
+    return False
+
+
+class _Outgoing:
+    """What one write met on its way (see :func:`outcome_of`)."""
+
+    __slots__ = ("failures", "reached")
+
+    def __init__(self) -> None:
+        #: failures retried
+        self.failures = 0
+        #: a connection was made, or a retried failure was not a refusal
+        #: to connect: the request may have reached the server
+        self.reached = False
+
+
+_OUTGOING: ContextVar[_Outgoing | None] = ContextVar("aiogroupq_outgoing", default=None)
+
+
+@contextmanager
+def outcome_of(
+    task_ids: Sequence[str], *, certain: Callable[[], bool]
+) -> Iterator[None]:
+    """Around an enqueue, whose re-sends are idempotent (a task whose id
+    exists is left as it is): a failure after which its tasks may have been
+    written is raised as :class:`~aiogroupq.OutcomeUnknownError`, never as a
+    plain :class:`~aiogroupq.RedisUnavailableError` (which says nothing was).
+
+    Nothing was written only when every try was refused before it could
+    send: each failure retried was a refusal to connect, no connection was
+    made (:func:`note_connected`), and the call ended on a refusal or on its
+    budget while it kept being refused. Anything else (a reply that timed
+    out or was cut, a server frozen or busy running the script, a budget
+    spent waiting for a reply) may have followed a request that arrived.
+
+    :param certain: says, once the call failed, whether every try was seen
+        here: a plain client made from a URL reports its connections (its
+        handshake is ours) and the failures it re-sends after (its retry
+        policy is ``connection.BoundedRetry``). Otherwise (a borrowed client,
+        whose re-sends are its own; a cluster client; the partitions of a
+        partitioned queue, sent at once, of which some may have answered)
+        every failure is an unknown outcome
+    """
+    outgoing = _Outgoing()
+    token = _OUTGOING.set(outgoing)
+    try:
+        yield
+    except Exception as exc:
+        if not _transport_failure(exc):
+            raise
+        detail = _detail(exc)
+        never_sent = (
+            not outgoing.reached
+            and certain()
+            and (
+                refused_connect(exc)
+                or busy(exc)  # the server's answer to this very request
+                or (isinstance(exc, BudgetSpent) and outgoing.failures > 0)
+            )
+        )
+        if never_sent and busy(exc):
+            raise RedisUnavailableError(detail) from exc
+        if never_sent:
+            raise
+        raise OutcomeUnknownError(list(task_ids), detail) from exc
+    finally:
+        _OUTGOING.reset(token)
+
+
+def busy(exc: BaseException) -> bool:
+    """Whether *exc* is a ``BUSY`` reply: the server is running a script
+    past its time limit and runs nothing else meanwhile."""
+    return isinstance(exc, rexc.ResponseError) and str(exc).startswith("BUSY ")
+
+
+def _detail(exc: BaseException) -> str:
+    if isinstance(exc, RedisUnavailableError):
+        return exc.detail
+    if busy(exc):
+        return f"the server is busy running a script ({str(exc)[:80]})"
+    ours = as_aiogroupq_error(exc)
+    if isinstance(ours, RedisUnavailableError):
+        return ours.detail
+    return str(exc) or type(exc).__name__
+
+
+def _transport_failure(exc: BaseException) -> bool:
+    """Whether *exc* says the server did not answer (rather than answered
+    with a refusal of its own, which writes nothing)."""
+    if isinstance(exc, OutcomeUnknownError):
+        return False
+    if isinstance(exc, RedisUnavailableError) or busy(exc):
+        return True
+    return isinstance(as_aiogroupq_error(exc), RedisUnavailableError)
 
 
 class BudgetSpent(rexc.TimeoutError):

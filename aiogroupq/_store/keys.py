@@ -36,6 +36,16 @@ def validate_queue_name(queue: object) -> str:
     return queue
 
 
+def scoped_dedup(group: str, dedup_key: str) -> bytes:
+    """The dedup key of *dedup_key* among the tasks of *group* (the
+    ``dedup_scope="group"`` of a grouped task), as ``enqueue.lua`` and the
+    task's hash (field ``u``) take it: ``\\xff<group>\\xff<key>``. A byte
+    0xFF never occurs in UTF-8, so it cannot be a queue-wide key (valid UTF-8),
+    nor can two groups' keys meet; it stays in the group's partition, under
+    the partition's hash tag, like every key of the group."""
+    return b"\xff" + group.encode("utf-8") + b"\xff" + dedup_key.encode("utf-8")
+
+
 class QueueKeys:
     """The key names of one partition of a queue (partition 0 by default).
 
@@ -131,8 +141,12 @@ class QueueKeys:
         return f"{self.prefix}lastclaim:{consumer}"
 
     def dedup(self, dedup_key: str) -> str:
-        """STRING: id of the task that holds *dedup_key*."""
+        """STRING: id of the task that holds *dedup_key* queue-wide."""
         return f"{self.prefix}dedup:{dedup_key}"
+
+    def group_dedup(self, group: str, dedup_key: str) -> bytes:
+        """STRING: id of the task that holds *dedup_key* in *group*."""
+        return f"{self.prefix}dedup:".encode() + scoped_dedup(group, dedup_key)
 
     def done(self, task_id: str) -> str:
         """LIST of tokens pushed when a waited-for task ends."""

@@ -8,16 +8,24 @@ behind partition 0's for a moment, or for good if whoever changed it was
 interrupted: any client that finds one lagging brings it up to date (the step
 it missed is the same for everyone), which makes the change complete even
 when its operator died half-way.
+
+A ``conf`` of partition 0 that is not a hash (damage) is refused with
+:class:`~aiogroupq.CorruptQueueError`; the check and the repair, which
+must go on, find the layout again from the other partitions' copies
+(:func:`recover`).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
-from ..errors import ConfigurationError
+from redis.exceptions import ResponseError
+
+from ..errors import ConfigurationError, CorruptQueueError
 from . import scripts as _scripts
-from .partition import Layout, Partitions
+from .partition import MAX_PARTITIONS, Layout, Partitions
+from .wrongtype import corrupt_key, is_wrong_type
 
 if TYPE_CHECKING:
     from .connection import Client
@@ -25,10 +33,70 @@ if TYPE_CHECKING:
 logger = logging.getLogger("aiogroupq")
 
 
+#: what a reader loses with partition 0's conf (CorruptQueueError's detail)
+UNREADABLE: Final = "the queue's settings and partition layout cannot be read"
+#: partitions whose layout copies :func:`recover` asks for per round trip
+_PROBE: Final = 16
+
+
 async def read(client: Client, parts: Partitions) -> Layout:
-    """The layout partition 0 holds (not remembered in *parts*)."""
-    stored: Any = await client.hget(parts.keys(0).conf, "parts")
+    """The layout partition 0 holds (not remembered in *parts*).
+
+    :raises CorruptQueueError: if partition 0's ``conf`` is not a hash
+    """
+    key = parts.keys(0).conf
+    try:
+        stored: Any = await client.hget(key, "parts")
+    except ResponseError as exc:
+        if not is_wrong_type(exc):
+            raise
+        raise await corrupt_key(client, key, "hash", UNREADABLE) from None
     return Layout.parse(stored)
+
+
+async def read_or_recover(client: Client, parts: Partitions) -> Layout:
+    """The layout partition 0 holds, or while it cannot be read (its
+    ``conf`` damaged), the one the other partitions' copies give
+    (:func:`recover`): for the check and the repair, which must see every
+    partition of a damaged queue."""
+    try:
+        return await read(client, parts)
+    except CorruptQueueError:
+        return await recover(client, parts)
+
+
+async def recover(client: Client, parts: Partitions) -> Layout:
+    """The layout of a queue whose partition 0 cannot tell it, from the
+    copies partitions 1, 2, ... hold: the furthest along where they differ
+    (a step of a repartition reaches partition 0 first, then the others,
+    so a copy may lag one step behind, never lead), the lowest partition's
+    among equals; one partition if none holds a readable copy."""
+    copies: dict[int, Layout] = {}
+    low, high = 1, _PROBE
+    while low < high:
+        async with client.pipeline(transaction=False) as pipe:
+            for partition in range(low, high):
+                pipe.hget(parts.keys(partition).conf, "parts")
+            replies: list[Any] = await pipe.execute(raise_on_error=False)
+        for partition, raw in zip(range(low, high), replies, strict=True):
+            if isinstance(raw, Exception):
+                if not is_wrong_type(raw):
+                    raise raw
+                continue  # that copy is damaged too
+            try:
+                copy = Layout.parse(raw)
+            except ConfigurationError:
+                continue
+            if raw is not None:
+                copies[partition] = copy
+        # Partitions beyond the probe hold copies only when a copy counts them.
+        wanted = max((c.count for c in copies.values()), default=1)
+        low, high = high, min(max(high, wanted), MAX_PARTITIONS)
+    found = list(copies.values())
+    for copy in found:
+        if not any(_lags(copy, other) for other in found if other != copy):
+            return copy
+    return Layout()
 
 
 async def open_layout(client: Client, parts: Partitions, requested: int | None) -> None:
@@ -81,8 +149,12 @@ async def heal(client: Client, parts: Partitions) -> None:
     async with client.pipeline(transaction=False) as pipe:
         for keys in others:
             pipe.hget(keys.conf, "parts")
-        copies: list[Any] = await pipe.execute()
+        copies: list[Any] = await pipe.execute(raise_on_error=False)
     for keys, raw in zip(others, copies, strict=True):
+        if isinstance(raw, Exception):
+            if not is_wrong_type(raw):
+                raise raw
+            continue  # a damaged conf: the check reports it, --repair rebuilds it
         try:
             copy = Layout.parse(raw)
         except ConfigurationError:

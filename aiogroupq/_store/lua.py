@@ -19,6 +19,16 @@ its source, helpers included, reads another fixed key or leaves one unread,
 so that each script's KEYS are exactly the keys it uses. An error reply that
 stands for a public error (a damaged key, Redis out of memory) is raised as
 that error (:func:`~aiogroupq._store.replies.public_error`).
+
+Every script builds most of its keys from the prefix in ``ARGV[1]``, which
+nothing ties to the KEYS a call declares: a raw call declaring queue A's
+keys with queue B's prefix would write into B, outside what it declared (and
+on a cluster, outside the slot it was routed by). So each script starts by
+checking, with one string comparison, that its first key is the prefix's:
+its first fixed key must be ``ARGV[1] .. '<name>'``, and a script without
+fixed keys must have a first key that starts with ``ARGV[1]``. Otherwise it
+answers ``aiogroupq foreign-keys`` having done nothing, raised as
+:class:`~aiogroupq.ConfigurationError`.
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Final
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import AskError, NoScriptError, ResponseError, TryAgainError
 
+from ..errors import AiogroupqError, ConfigurationError
 from .connection import REDIS_FAILURES, cluster_glitches
 from .replies import public_error
 
@@ -79,13 +90,39 @@ _FIXED_READ: Final = re.compile(
 _COMMENT: Final = re.compile(r"--\[\[.*?\]\]|--[^\n]*", re.DOTALL)
 
 
+#: the start of the error reply of a call whose KEYS are not those of the
+#: prefix in its ARGV[1]
+FOREIGN_KEYS: Final = "aiogroupq foreign-keys"
+_FOREIGN_REPLY: Final = (
+    f"return redis.error_reply('{FOREIGN_KEYS}: KEYS[1] is not a key of the "
+    "queue whose prefix is ARGV[1]; nothing was done')"
+)
+
+
 def _binding(names: Sequence[str]) -> str:
-    """The Lua line binding each declared fixed key to its ``K_<NAME>``."""
+    """The Lua lines that check the call's first key against its prefix
+    (``ARGV[1]``), then bind each declared fixed key to its ``K_<NAME>``."""
     if not names:
-        return ""
+        # The call's own keys only (a task's hash, a consumer's name): each
+        # is the prefix and more.
+        return (
+            "if KEYS[1] and string.sub(KEYS[1], 1, #ARGV[1]) ~= ARGV[1] then "
+            f"{_FOREIGN_REPLY} end\n"
+        )
+    check = f"if KEYS[1] ~= ARGV[1] .. '{names[0]}' then {_FOREIGN_REPLY} end\n"
     local = ", ".join(f"K_{name.upper()}" for name in names)
     keys = ", ".join(f"KEYS[{i}]" for i in range(1, len(names) + 1))
-    return f"local {local} = {keys}\n"
+    return f"{check}local {local} = {keys}\n"
+
+
+def _error_of(reply: ResponseError) -> AiogroupqError | None:
+    """The public error an error reply of a script stands for, if any."""
+    if str(reply).startswith(FOREIGN_KEYS):
+        return ConfigurationError(
+            f"a script refused its call: {reply}. Its KEYS must be keys of the "
+            "queue (QueueKeys) whose prefix it is given"
+        )
+    return public_error(reply)
 
 
 @functools.cache
@@ -185,7 +222,7 @@ class Script:
             source = self.source.decode()
             return await client.eval(source, len(all_keys), *all_keys, *argv)
         except ResponseError as exc:  # a refusal: nothing was written
-            if (error := public_error(exc)) is not None:
+            if (error := _error_of(exc)) is not None:
                 raise error from exc
             raise
 
@@ -262,10 +299,7 @@ class Script:
                 await client.hget(keys.conf, "parts")
                 continue
             break
-        if (
-            isinstance(reply, ResponseError)
-            and (error := public_error(reply)) is not None
-        ):
+        if isinstance(reply, ResponseError) and (error := _error_of(reply)) is not None:
             raise error from reply
         if isinstance(reply, Exception):
             raise reply

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from redis.exceptions import ResponseError
 
+from .keys import scoped_dedup
 from .lua import Script
 from .replies import (
     FINISH_CODES,
@@ -42,7 +43,9 @@ CLAIM: Final = Script(
 )
 FINISH: Final = Script("finish", keys=("ready", "delayed", "leases", "wake", "dead"))
 HEARTBEAT: Final = Script("heartbeat", keys=("leases",))
-RECOVER: Final = Script("recover", keys=("ready", "delayed", "leases", "wake", "dead"))
+RECOVER: Final = Script(
+    "recover", keys=("ready", "delayed", "leases", "wake", "fence", "dead")
+)
 CANCEL: Final = Script("cancel", keys=("ready", "delayed", "wake", "dead"))
 DEAD: Final = Script("dead", keys=("ready", "delayed", "wake", "dead"))
 WAIT: Final = Script("wait", keys=())
@@ -102,6 +105,8 @@ class NewTask:
     tick_ms: int = 0
     #: what the task keeps once ended (``codec.identity``); "": nothing
     identity: str = ""
+    #: the dedup key holds among the tasks of *group* only (``keys.scoped_dedup``)
+    dedup_in_group: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +155,7 @@ async def enqueue(
             t.delay_ms,
             t.run_at_ms,
             t.max_attempts,
-            t.dedup_key or "",
+            _dedup_arg(t),
             "1" if t.unique else "",
             "" if t.priority is None else t.priority,
             t.expires_ms,
@@ -185,6 +190,14 @@ async def enqueue(
     return ids
 
 
+def _dedup_arg(task: NewTask) -> EncodableT:
+    if task.dedup_key is None:
+        return ""
+    if task.dedup_in_group and task.group is not None:
+        return scoped_dedup(task.group, task.dedup_key)
+    return task.dedup_key
+
+
 async def meta(client: Client, keys: QueueKeys, op: str, *args: str) -> str:
     """Run a ``meta.lua`` operation on one partition; return the layout it
     answers (``"1"``: one partition)."""
@@ -216,10 +229,17 @@ class ClaimReply:
     problems: tuple[str, ...] = ()  # damaged keys it met
     expired: tuple[str, ...] = ()  # tasks it ended expired
     replicated: bool = True  # enough replicas acknowledged it (if asked)
+    reasons: tuple[str, ...] = ()  # each dead-lettered task's reason
 
 
 def _texts(items: Any) -> tuple[str, ...]:
     return tuple(text(item) for item in items)
+
+
+def _dead(items: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The ids and the reasons of an ``id, reason, ...`` reply."""
+    texts = _texts(items)
+    return texts[0::2], texts[1::2]
 
 
 async def claim(
@@ -279,15 +299,17 @@ async def claim(
         )
         for i in range(6, len(reply), 6)
     ]
+    dead, reasons = _dead(reply[3])
     return ClaimReply(
         tasks,
         int(reply[0]),
         reply[1] == 1,
         int(reply[2]),
-        _texts(reply[3]),
+        dead,
         _texts(reply[4]),
         _texts(reply[5]),
         replicated,
+        reasons,
     )
 
 
@@ -312,6 +334,15 @@ async def finish(
     return [FINISH_CODES[int(code)] for code in await FINISH(client, keys, (), args)]
 
 
+@dataclass(frozen=True, slots=True)
+class Recovered:
+    """What ``recover.lua`` returned."""
+
+    given_back: int
+    dead: tuple[str, ...]  # ids dead-lettered (counted, past their last attempt)
+    reasons: tuple[str, ...]  # their reasons
+
+
 async def recover(
     client: Client,
     keys: QueueKeys,
@@ -323,9 +354,26 @@ async def recover(
 ) -> tuple[int, tuple[str, ...]]:
     """Give back *consumer*'s held tasks except *keep*; return how many, and
     the ids of those dead-lettered (counted, past their last attempt)."""
+    done = await recover_reasons(
+        client, keys, consumer, counted=counted, retention_ms=retention_ms, keep=keep
+    )
+    return done.given_back, done.dead
+
+
+async def recover_reasons(
+    client: Client,
+    keys: QueueKeys,
+    consumer: str,
+    *,
+    counted: bool,
+    retention_ms: int = 3_600_000,
+    keep: Sequence[str] = (),
+) -> Recovered:
+    """:func:`recover`, with the reasons of the tasks it dead-lettered."""
     args: list[EncodableT] = [1 if counted else 0, consumer, retention_ms, *keep]
     reply = await RECOVER(client, keys, (keys.inflight(consumer),), args)
-    return int(reply[0]), _texts(reply[1])
+    dead, reasons = _dead(reply[1])
+    return Recovered(int(reply[0]), dead, reasons)
 
 
 async def identity(
@@ -353,15 +401,18 @@ async def heartbeat(
     consumer: str | None = None,
     registration: Sequence[tuple[str, EncodableT]] = (),
     replication: Replication | None = None,
+    restore: bool = False,
 ) -> list[HeartbeatCode]:
     """Extend *leases* (task id, token); return what became of each. With
     *consumer*, also record it in the consumer registry with the
-    *registration* fields (host, pid, in-flight count, ...).
+    *registration* fields (host, pid, in-flight count, ...). With *restore*,
+    a lease whose token still owns its running task is set again even if it
+    expired or is gone (after the leases key was damaged and repaired).
 
     :raises NotReplicatedRefusal: with *replication*, when too few replicas
         acknowledged the extension in time (its ``ids`` are the codes)
     """
-    args: list[EncodableT] = [lease_ms, len(leases)]
+    args: list[EncodableT] = [lease_ms, "1" if restore else "", len(leases)]
     for task_id, token in leases:
         args += (task_id, token)
     extra: tuple[str, ...] = ()

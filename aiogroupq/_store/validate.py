@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+import time
 from datetime import datetime, timedelta
 from typing import Final, Literal
 
 from ..errors import ConfigurationError, InvalidGroupError, InvalidTaskError
+from .defaults import MAX_DELAY, REPLICA_WAIT_MS
 from .scripts import Replication
 
 #: longest group key, task type and dedup key, in UTF-8 bytes
@@ -65,6 +67,47 @@ def seconds(field: str, value: object, *, allow_zero: bool) -> float | None:
     return value
 
 
+def delay(value: object) -> float | None:
+    """A task's delay: seconds or a timedelta from 0 to :data:`MAX_DELAY`
+    (365 days); None passes."""
+    checked = seconds("delay", value, allow_zero=True)
+    if checked is not None and checked > MAX_DELAY:
+        raise InvalidTaskError("delay", _too_late(f"{checked!r} seconds is"))
+    return checked
+
+
+def _too_late(what: str) -> str:
+    return (
+        f"{what} further off than the longest delay allowed, {MAX_DELAY:.0f} "
+        "seconds (365 days) from now"
+    )
+
+
+DedupScope = Literal["group", "queue"]
+"""Where a ``dedup_key`` holds: among the tasks of the task's group (a task
+without a group: the queue's), or across the whole queue."""
+
+_DEDUP_SCOPES: Final = ("group", "queue")
+
+
+def dedup_scope(value: object) -> DedupScope | None:
+    """A task's ``dedup_scope``: None (the producer's), "group" or "queue"."""
+    if value is None or value in _DEDUP_SCOPES:
+        return value
+    raise InvalidTaskError(
+        "dedup_scope", f"must be 'group' or 'queue' (or None), got {value!r:.60}"
+    )
+
+
+def setting_dedup_scope(value: object) -> DedupScope:
+    """A producer's ``dedup_scope``: "group" or "queue"."""
+    if value in _DEDUP_SCOPES:
+        return value
+    raise ConfigurationError(
+        f"dedup_scope must be 'group' or 'queue', got {value!r:.60}"
+    )
+
+
 def max_attempts(value: object) -> int | None:
     """None (the default), or an int >= 1."""
     if value is None:
@@ -118,7 +161,11 @@ def run_at(value: object, delay: float | None) -> int:
         return 0
     if delay is not None and isinstance(value, datetime):
         raise InvalidTaskError("run_at", "give either delay or run_at, not both")
-    return future_ms("run_at", value)
+    due = future_ms("run_at", value)
+    assert isinstance(value, datetime)  # future_ms refuses anything else
+    if due > time.time() * 1000 + MAX_DELAY * 1000:
+        raise InvalidTaskError("run_at", _too_late(f"{value.isoformat()} is"))
+    return due
 
 
 def future_ms(field: str, value: object) -> int:
@@ -141,10 +188,28 @@ def future_ms(field: str, value: object) -> int:
     return math.ceil(value.timestamp() * 1000)
 
 
+class _InvalidTaskId(InvalidTaskError, TypeError):
+    # An InvalidTaskError, and still the TypeError it was before it was one.
+    pass
+
+
 def task_id(value: object) -> str:
-    """A task id as enqueue returns it (any non-empty str is looked up)."""
+    """A task id as enqueue returns it (any non-empty str of valid UTF-8 is
+    looked up).
+
+    :raises InvalidTaskError: (also a ``TypeError``) for anything else
+    """
     if not isinstance(value, str) or not value:
-        raise TypeError(f"task ids are non-empty str, got {value!r}")
+        raise _InvalidTaskId(
+            "task_id", f"task ids are non-empty str, got {value!r:.60}"
+        )
+    if not value.isascii():  # ids are hex; an odd one must still encode
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise _InvalidTaskId(
+                "task_id", f"{value[:40]!r} is not valid UTF-8"
+            ) from None
     return value
 
 
@@ -173,9 +238,6 @@ def setting_int(name: str, value: object, *, minimum: int = 1) -> int:
 Durability = Literal["primary", "replicated"]
 """``"primary"``: a write is acknowledged once the primary made it;
 ``"replicated"``: once a replica acknowledged it too (``WAIT 1``)."""
-
-#: how long a replicated write waits for a replica's acknowledgement (ms)
-REPLICA_WAIT_MS: Final = 2000
 
 
 def durability(value: object) -> Replication | None:

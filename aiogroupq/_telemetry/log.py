@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Final, Literal
 
@@ -97,15 +98,37 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=repr, ensure_ascii=False)
 
 
-def configure(*, verbose: bool, log_format: LogFormat) -> None:
+class _Escaped(logging.Formatter):
+    """A formatter whose lines pass through *escape*: a record quotes what
+    handlers and Redis hold (an error's text, a name), which may carry bytes
+    a terminal acts on."""
+
+    def __init__(self, inner: logging.Formatter, escape: Callable[[str], str]):
+        super().__init__()
+        self._inner = inner
+        self._escape = escape
+
+    def format(self, record: logging.LogRecord) -> str:
+        return self._escape(self._inner.format(record))
+
+
+def configure(
+    *,
+    verbose: bool,
+    log_format: LogFormat,
+    escape: Callable[[str], str] | None = None,
+) -> None:
     """Log to stderr at INFO; *verbose* lowers only aiogroupq's own loggers
-    to DEBUG (asyncio's and redis-py's stay at INFO)."""
+    to DEBUG (asyncio's and redis-py's stay at INFO); each formatted record
+    passes through *escape* when given."""
     handler = logging.StreamHandler(sys.stderr)
+    inner: logging.Formatter
     if log_format == "json":
-        handler.setFormatter(JsonFormatter())
+        inner = JsonFormatter()
         logging.captureWarnings(True)  # every line stays JSON
     else:
-        handler.setFormatter(logging.Formatter(TEXT_FORMAT))
+        inner = logging.Formatter(TEXT_FORMAT)
+    handler.setFormatter(inner if escape is None else _Escaped(inner, escape))
     logging.basicConfig(level=logging.INFO, handlers=[handler])
     if verbose:
         logging.getLogger("aiogroupq").setLevel(logging.DEBUG)

@@ -12,6 +12,10 @@ backlog cannot starve the others.
 
 :class:`Fetchers` runs one fetcher per partition of the queue's layout and
 follows the layout: a repartition adds or retires partitions.
+
+A claim refused for a damaged queue key (``damage.py``) changes nothing: the
+fetcher tries again every :data:`~.damage.PROBE` seconds until the key is
+repaired. At start, a damaged key refuses the consumer instead.
 """
 
 from __future__ import annotations
@@ -23,11 +27,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 import anyio
+from redis.exceptions import ResponseError
 
 from .._store import layout as _layout, scripts as _scripts
 from .._store.connection import REDIS_FAILURES, socket_timeout
 from .._store.defaults import START_WINDOW
-from ..errors import ConfigurationError, QueueFullError
+from ..errors import ConfigurationError, CorruptQueueError, QueueFullError
+from .damage import PROBE, DamageWatch
 from .leases import local_lease
 from .runner import Running
 
@@ -122,6 +128,8 @@ class FetchContext:
     #: takes claimed tasks that will not run here: handed back unstarted (a
     #: claim no replica acknowledged), expired, dead-lettered by a script
     outcomes: Outcomes
+    #: the run's damaged keys
+    watch: DamageWatch
 
     def local_lease(self) -> float:
         """Seconds a claim or heartbeat keeps a handler running."""
@@ -160,10 +168,12 @@ class Fetchers:
         queue = self.ctx.queue
         async with send, anyio.create_task_group() as tg:
 
-            async def follow() -> None:
+            async def follow(*, starting: bool = False) -> None:
                 for partition in range(self._parts.layout.count):
                     if partition not in self._fetchers:
-                        fetcher = Fetcher(self.ctx, self._parts.keys(partition))
+                        fetcher = Fetcher(
+                            self.ctx, self._parts.keys(partition), starting=starting
+                        )
                         self._fetchers[partition] = fetcher
                         await tg.start(fetcher.run, client, send.clone())
                 for partition, fetcher in list(self._fetchers.items()):
@@ -171,7 +181,7 @@ class Fetchers:
                         fetcher.retire()
                         del self._fetchers[partition]
 
-            await follow()
+            await follow(starting=True)
             task_status.started()
             while True:
                 with anyio.move_on_after(LAYOUT_POLL):
@@ -186,8 +196,12 @@ class Fetchers:
                             self._parts.layout.text(),
                         )
                         await follow()
+                    self.ctx.watch.succeeded("layout")
                 except REDIS_FAILURES as exc:
                     logger.debug("could not read the partition layout: %s", exc)
+                except CorruptQueueError as exc:  # conf is damaged: keep ours
+                    keys = self._parts.keys(0)
+                    self.ctx.watch.refused("layout", exc, leases=keys.leases)
                 except ConfigurationError as exc:  # a damaged layout: keep ours
                     logger.error(
                         "queue %r: %s; going on with the layout %s",
@@ -198,12 +212,21 @@ class Fetchers:
 
 
 class Fetcher:
-    """Claims from one partition until the pool closes or :meth:`retire`."""
+    """Claims from one partition until the pool closes or :meth:`retire`.
 
-    def __init__(self, ctx: FetchContext, keys: QueueKeys) -> None:
+    :param starting: the consumer is starting: a damaged key met by the
+        first call raises :class:`~aiogroupq.CorruptQueueError` out of
+        :meth:`run` before it reports started
+    """
+
+    def __init__(
+        self, ctx: FetchContext, keys: QueueKeys, *, starting: bool = False
+    ) -> None:
         self.ctx = ctx
         self.keys = keys
         self.retired = False
+        self._starting = starting
+        self._who = f"fetch:{keys.partition}"
         self._block_scope: anyio.CancelScope | None = None
 
     def wake(self) -> None:
@@ -233,12 +256,28 @@ class Fetcher:
         # A previous incarnation with our name may have died holding tasks:
         # they go back to the front of their groups now, not at lease expiry.
         reconcile: bool | None = True
+        if self._starting:
+            # Also the start's check of the queue's keys: a damaged one
+            # refuses the consumer (CorruptQueueError) rather than leave it
+            # started and claiming nothing.
+            try:
+                if await self._recover(client, True, backoff, strict=True):
+                    reconcile = None
+            except BaseException:
+                await send.aclose()
+                raise
         task_status.started()
+        watch = ctx.watch
         async with send:
             while not ctx.slots.closed and not self.retired:
+                if watch.holds_claims():
+                    # Leases wait to be set again (damage.py): a claim now
+                    # would recover them first.
+                    await self._block(None, PROBE)
+                    continue
                 if reconcile is not None:
                     if not await self._recover(client, reconcile, backoff):
-                        await self._block(None, backoff)
+                        await self._block(None, self._pause(backoff))
                         backoff = min(backoff * 2, _BACKOFF_MAX)
                         continue
                     reconcile = None
@@ -257,6 +296,12 @@ class Fetcher:
                         retention_ms=ctx.retention_ms,
                         replication=ctx.replication,
                     )
+                except CorruptQueueError as exc:  # refused before writing
+                    ctx.slots.give(k)
+                    watch.refused(self._who, exc, leases=keys.leases)
+                    await self._block(None, min(backoff, PROBE))
+                    backoff = min(backoff * 2, _BACKOFF_MAX)
+                    continue
                 except (*REDIS_FAILURES, QueueFullError) as exc:
                     ctx.slots.give(k)
                     # QueueFullError: Redis is out of memory and refused the
@@ -269,6 +314,7 @@ class Fetcher:
                     backoff = min(backoff * 2, _BACKOFF_MAX)
                     continue
                 ctx.slots.give(k - len(reply.tasks))
+                watch.succeeded(self._who)
                 backoff = _BACKOFF_FIRST
                 self._hand_out(reply, sent_at, send)
                 if not reply.replicated:
@@ -292,12 +338,15 @@ class Fetcher:
                 timeout = reply.wait_ms / 1000 if due else block_cap
                 await self._block(client, timeout, due=due)
 
-    async def _recover(self, client: Client, counted: bool, backoff: float) -> bool:
+    async def _recover(
+        self, client: Client, counted: bool, backoff: float, *, strict: bool = False
+    ) -> bool:
         """Give back what our name holds but does not run (counting the
-        attempt when a previous incarnation ran it); False if Redis failed."""
+        attempt when a previous incarnation ran it); False if Redis failed
+        or refused (with *strict*, a refusal raises)."""
         ctx = self.ctx
         try:
-            given_back, dead = await _scripts.recover(
+            done = await _scripts.recover_reasons(
                 client,
                 self.keys,
                 ctx.name,
@@ -305,10 +354,17 @@ class Fetcher:
                 retention_ms=ctx.retention_ms,
                 keep=[i for i in ctx.running if self.keys.owns(i)],
             )
+        except CorruptQueueError as exc:
+            if strict:
+                raise
+            ctx.watch.refused(self._who, exc, leases=self.keys.leases)
+            return False
         except REDIS_FAILURES as exc:
             logger.warning("recovery failed (%s); retrying in %.2fs", exc, backoff)
             return False
-        ctx.outcomes.dead_elsewhere(dead)
+        ctx.watch.succeeded(self._who)
+        given_back = done.given_back
+        ctx.outcomes.dead_elsewhere(done.dead, done.reasons)
         if given_back:
             logger.warning(
                 "consumer %s gave back %d tasks it held but was not running (%s)",
@@ -330,11 +386,11 @@ class Fetcher:
         ctx = self.ctx
         for problem in reply.problems:
             logger.error(
-                "damaged key in queue %r: %s; run 'aiogroupq check --repair'",
+                "queue %r is damaged: %s; run 'aiogroupq check --repair'",
                 ctx.queue,
                 problem,
             )
-        ctx.outcomes.dead_elsewhere(reply.dead)
+        ctx.outcomes.dead_elsewhere(reply.dead, reply.reasons)
         if reply.expired:
             ctx.outcomes.expired(reply.expired)
         # From when the claim was sent: the server claimed after that, so
@@ -377,10 +433,26 @@ class Fetcher:
                         [self.keys.wake], timeout=max(timeout, 0.01) + 0.1
                     )
                 except REDIS_FAILURES as exc:
-                    logger.warning("waiting for work failed (%s)", exc)
-                    await anyio.sleep(_BACKOFF_FIRST)
+                    if isinstance(exc, ResponseError) and str(exc).startswith(
+                        "WRONGTYPE"
+                    ):
+                        # The wake list holds another type: the next claim
+                        # is refused too, and says the same.
+                        damage = CorruptQueueError(self.keys.wake, str(exc))
+                        leases = self.keys.leases
+                        self.ctx.watch.refused(self._who, damage, leases=leases)
+                        await anyio.sleep(PROBE)
+                    else:
+                        logger.warning("waiting for work failed (%s)", exc)
+                        await anyio.sleep(_BACKOFF_FIRST)
                 tg.cancel_scope.cancel()
         self._block_scope = None
+
+    def _pause(self, backoff: float) -> float:
+        """How long to wait before trying again: *backoff*, or at most
+        :data:`~.damage.PROBE` while a key is damaged (to resume soon after
+        the repair)."""
+        return min(backoff, PROBE) if self.ctx.watch.damaged else backoff
 
     async def _poke(self, client: Client, delay: float) -> None:
         await anyio.sleep(delay)

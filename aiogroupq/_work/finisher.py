@@ -3,7 +3,8 @@
 Handlers hand their outcome over without waiting; while one batch is in
 flight, the next one gathers, so the batch size adapts to the load with no
 added delay. A batch whose reply was lost is sent again: ``finish.lua`` is
-idempotent per fencing token.
+idempotent per fencing token. So is a batch refused for a damaged queue key:
+its outcomes stay queued until the key is repaired (see ``damage.py``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import anyio
 from .._store import scripts as _scripts
 from .._store.connection import REDIS_FAILURES
 from .._store.replies import FinishCode
+from ..errors import CorruptQueueError
+from .damage import PROBE, DamageWatch
 
 if TYPE_CHECKING:
     from .._store.connection import Client
@@ -40,11 +43,13 @@ class Finisher:
         *,
         retention_ms: int,
         on_done: Callback,
+        watch: DamageWatch,
     ) -> None:
         self._client = client
         self._parts = parts
         self._retention_ms = retention_ms
         self._on_done = on_done
+        self._watch = watch
         self._pending: list[_scripts.Outcome] = []
         self._wakeup = anyio.Event()
         # run() and close() may both send; one batch at a time keeps each
@@ -63,6 +68,10 @@ class Finisher:
             batch = self._pending[:MAX_BATCH]
             if not batch:
                 return True
+            if self._watch.restoring:
+                # Until the leases are set again, an outcome would be refused
+                # as late and its task run again.
+                return False
             parts: dict[QueueKeys, list[_scripts.Outcome]] = {}
             for outcome in batch:
                 parts.setdefault(self._parts.of_id(outcome.id), []).append(outcome)
@@ -70,16 +79,22 @@ class Finisher:
             failed: list[_scripts.Outcome] = []
 
             async def send(keys: QueueKeys, outcomes: list[_scripts.Outcome]) -> None:
+                who = f"finish:{keys.partition}"
                 try:
                     codes = await _scripts.finish(
                         self._client, keys, outcomes, retention_ms=self._retention_ms
                     )
+                except CorruptQueueError as exc:  # nothing written: kept for later
+                    self._watch.refused(who, exc, leases=keys.leases)
+                    failed.extend(outcomes)
+                    return
                 except REDIS_FAILURES as exc:
                     logger.warning(
                         "could not record %d outcomes (%s)", len(outcomes), exc
                     )
                     failed.extend(outcomes)
                     return
+                self._watch.succeeded(who)
                 done.extend(zip(outcomes, codes, strict=True))
 
             # The batch stays pending until it is recorded (close() waits for
@@ -109,7 +124,9 @@ class Finisher:
                 backoff = 0.05
             else:
                 await anyio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
+                # Damage lasts until a repair: try often enough to resume soon.
+                cap = PROBE if self._watch.damaged or self._watch.restoring else 2.0
+                backoff = min(backoff * 2, cap)
 
     async def close(self, timeout: float) -> int:
         """Send what is pending within *timeout*, whether or not :meth:`run`

@@ -18,13 +18,30 @@ from typing import TYPE_CHECKING
 import anyio
 
 from .._store import scripts as _scripts
-from ..errors import ConfigurationError
+from ..errors import AiogroupqError, ConfigurationError, ConsumerRunningError
 
 if TYPE_CHECKING:
     from .._store.connection import Client
     from .._store.keys import QueueKeys
 
 logger = logging.getLogger("aiogroupq.consumer")
+
+
+class NameTakenError(ConsumerRunningError, ConfigurationError):
+    """Another live consumer holds the name: a :class:`ConsumerRunningError`
+    (a consumer of that name is running), as the changelog says, and still
+    the :class:`ConfigurationError` it was first (the fix is the name).
+
+    :ivar name: the consumer name
+    """
+
+    def __init__(self, name: str) -> None:
+        AiogroupqError.__init__(
+            self,
+            f"another live consumer is named {name!r}: two consumers must "
+            "never share a name (leave name=None for a unique one)",
+        )
+        self.name = name
 
 
 class Identity:
@@ -39,7 +56,8 @@ class Identity:
     async def acquire(self, client: Client) -> None:
         """Hold the name, waiting at most one hold's length for another holder.
 
-        :raises ConfigurationError: if a live process keeps holding it
+        :raises NameTakenError: (a ConsumerRunningError and a
+            ConfigurationError) if a live process keeps holding it
         """
         with anyio.move_on_after(self._ttl_ms / 1000 * 1.5):
             while holder := await self._run(client, "take"):
@@ -57,10 +75,7 @@ class Identity:
                 )
                 await anyio.sleep(self._ttl_ms / 10_000)
             return
-        raise ConfigurationError(
-            f"another live consumer is named {self._name!r}: two consumers must "
-            "never share a name (leave name=None for a unique one)"
-        )
+        raise NameTakenError(self._name)
 
     async def renew(self, client: Client) -> None:
         """Extend the hold (called with every heartbeat)."""

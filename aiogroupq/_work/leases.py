@@ -7,6 +7,11 @@ running task what the server answered: lease extended, lease lost, or
 cancellation requested. A renewal that fails changes nothing: each handler
 stops by itself at its local lease deadline. As the consumer stops,
 :meth:`LeaseKeeper.release` lets go of what it still holds.
+
+A heartbeat refused for a damaged ``leases`` key is a renewal that failed;
+once the key works again, one heartbeat sets the consumer's leases again
+(``damage.py`` says why), tried every :data:`~.damage.PROBE` seconds until
+then.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from .._store.connection import REDIS_FAILURES
 from .._store.fanout import each_partition
 from .._store.registry import leave_registry
 from .._store.replies import HEARTBEAT_CODES, HeartbeatCode, NotReplicatedRefusal
+from ..errors import CorruptQueueError
+from .damage import PROBE, DamageWatch
 from .identity import Identity
 
 if TYPE_CHECKING:
@@ -85,26 +92,43 @@ class LeaseKeeper:
         # else a consumer named (by mistake or malice) like a live one would
         # take over its running tasks at start, and a group would run twice.
         self.identity = Identity(self._keys, name, lease_ttl)
+        #: the run's damaged keys (the consumer gives each run its own)
+        self.watch = DamageWatch(self._keys.queue)
 
     async def run(self, client: Client) -> None:
-        """Send a heartbeat every third of the lease, until cancelled."""
+        """Send a heartbeat every third of the lease, until cancelled; while
+        leases wait to be set again, every :data:`~.damage.PROBE` seconds."""
         while True:
-            await anyio.sleep(self._lease_ttl / 3)
+            if self.watch.restoring:
+                await anyio.sleep(PROBE)
+            else:
+                with anyio.move_on_after(self._lease_ttl / 3):
+                    await self.watch.wait_restore_wanted()
             await self.heartbeat(client)
 
-    async def heartbeat(self, client: Client) -> None:
-        """Renew the name, the registry entry and every running task's lease."""
+    async def heartbeat(self, client: Client, *, starting: bool = False) -> None:
+        """Renew the name, the registry entry and every running task's lease.
+
+        :param starting: the consumer's first: a damaged ``leases`` key
+            raises :class:`~aiogroupq.CorruptQueueError`
+        """
         with contextlib.suppress(*REDIS_FAILURES):
             await self.identity.renew(client)
         snapshot = list(self._running.values())
         # One call per partition holding leases; partition 0 (the registry's)
-        # always, to keep this consumer registered.
+        # always, to keep this consumer registered; and every partition whose
+        # leases wait to be set again, though it holds none now.
         mine: dict[QueueKeys, list[Running]] = {self._keys: []}
         for running in snapshot:
             mine.setdefault(self._parts.of_id(running.claimed.id), []).append(running)
+        if self.watch.restoring:
+            restore = self.watch.restore_keys()
+            for keys in self._parts.all():
+                if keys.leases in restore:
+                    mine.setdefault(keys, [])
 
         async def renew(keys: QueueKeys) -> None:
-            await self._renew(client, keys, mine[keys], len(snapshot))
+            await self._renew(client, keys, mine[keys], len(snapshot), starting)
 
         await each_partition(list(mine), renew)
 
@@ -115,7 +139,7 @@ class LeaseKeeper:
         # A claim cancelled after the server ran it left tasks we never saw in
         # our recovery key: give them back now, not at lease expiry.
         async def recover(keys: QueueKeys) -> int:
-            with contextlib.suppress(*REDIS_FAILURES):
+            with contextlib.suppress(*REDIS_FAILURES, CorruptQueueError):
                 given_back, _ = await _scripts.recover(
                     client,
                     keys,
@@ -146,11 +170,18 @@ class LeaseKeeper:
         ]
 
     async def _renew(
-        self, client: Client, keys: QueueKeys, snapshot: list[Running], total: int
+        self,
+        client: Client,
+        keys: QueueKeys,
+        snapshot: list[Running],
+        total: int,
+        starting: bool,
     ) -> None:
         sent_at = anyio.current_time()
         registry = keys.partition == 0
         extended = True
+        watch, who = self.watch, f"heartbeat:{keys.partition}"
+        restore = watch.restoring and keys.leases in watch.restore_keys()
         alive: Sequence[HeartbeatCode]  # one per lease
         try:
             alive = await _scripts.heartbeat(
@@ -161,7 +192,15 @@ class LeaseKeeper:
                 consumer=self._name if registry else None,
                 registration=self._registration(total) if registry else (),
                 replication=self._replication,
+                restore=restore,
             )
+        except CorruptQueueError as exc:
+            # Refused before writing: as a renewal that failed, each handler
+            # stops by itself at its local lease deadline.
+            if starting:
+                raise
+            watch.refused(who, exc, leases=keys.leases)
+            return
         except NotReplicatedRefusal as refusal:
             # The server's answers stand (a lost lease is lost), but a
             # failover now could take the extension back: keep the deadlines.
@@ -172,6 +211,9 @@ class LeaseKeeper:
             # Each handler stops by itself at its local lease deadline.
             logger.warning("heartbeat failed (%s)", exc)
             return
+        watch.succeeded(who)
+        if restore and extended:
+            watch.restored(keys.leases)
         deadline = sent_at + local_lease(self._lease_ttl)
         for running, code in zip(snapshot, alive, strict=True):
             if self._running.get(running.claimed.id) is not running:

@@ -9,6 +9,7 @@ over all its runs); an :class:`Outcomes` lives for one run, with its client.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
@@ -30,11 +31,17 @@ if TYPE_CHECKING:
     from .._store.partition import Partitions
     from .._telemetry.consumer import Telemetry
     from ..task import DeadLetter
+    from .damage import DamageWatch
     from .runner import Running
 
 logger = logging.getLogger("aiogroupq.consumer")  # the consumer's own lines
 
 OnDead = Callable[["DeadLetter"], Awaitable[None]]
+
+#: dead letters made by a script logged one line each per window; the rest
+#: are counted in one line (a damaged queue may bury thousands in a claim)
+DEAD_LINES: Final = 50
+DEAD_WINDOW: Final = 60.0
 
 
 @dataclass(slots=True)
@@ -77,6 +84,7 @@ class Outcomes:
     :param on_dead: the consumer's ``on_dead`` callback, if any
     :param retention_ms: how long finished tasks stay readable
     :param side_tasks: where ``on_dead`` calls run, beside the handlers
+    :param watch: the run's damaged keys (the finisher reports refusals)
     """
 
     def __init__(
@@ -90,6 +98,7 @@ class Outcomes:
         on_dead: OnDead | None,
         retention_ms: int,
         side_tasks: TaskGroup,
+        watch: DamageWatch,
     ) -> None:
         self.counters = counters
         self._client = client
@@ -101,8 +110,13 @@ class Outcomes:
         # Dead letters whose on_dead call waits for their outcome's recording.
         self._notices: dict[str, DeadLetter] = {}
         self.finisher = Finisher(
-            client, parts, retention_ms=retention_ms, on_done=self._recorded
+            client,
+            parts,
+            retention_ms=retention_ms,
+            on_done=self._recorded,
+            watch=watch,
         )
+        self._dead_log = _DeadLog()
 
     def submit(self, outcome: _scripts.Outcome, notice: DeadLetter | None) -> None:
         """Queue an attempt's outcome (the runner's ``submit``)."""
@@ -127,9 +141,12 @@ class Outcomes:
         for task_id in ids:
             self._telemetry.emit(EventKind.EXPIRED, None, task_id=task_id)
 
-    def dead_elsewhere(self, ids: Sequence[str]) -> None:
-        """Call on_dead for tasks a script dead-lettered on its own (a lease
-        that expired on the last attempt, damaged keys)."""
+    def dead_elsewhere(self, ids: Sequence[str], reasons: Sequence[str] = ()) -> None:
+        """Log tasks a script dead-lettered on its own (a lease that expired
+        on the last attempt, damaged keys) with their *reasons*, and call
+        on_dead for them."""
+        if ids:
+            self._dead_log.log(ids, reasons, self._telemetry.extra)
         self._telemetry.dead_elsewhere(ids)
         if ids and self._on_dead is not None:
             self._side_tasks.start_soon(self._notify_dead, ids)
@@ -203,3 +220,38 @@ class Outcomes:
             await self._on_dead(notice)
         except Exception:
             logger.exception("on_dead callback failed for task %s", notice.id)
+
+
+class _DeadLog:
+    """ERROR lines for dead letters made by a script: one per task, at most
+    :data:`DEAD_LINES` per :data:`DEAD_WINDOW` seconds, then a count."""
+
+    def __init__(self) -> None:
+        self._window = -DEAD_WINDOW
+        self._lines = 0
+        self._unlogged = 0
+
+    def log(
+        self,
+        ids: Sequence[str],
+        reasons: Sequence[str],
+        extra: Callable[[str, None], dict[str, object]],
+    ) -> None:
+        now = time.monotonic()
+        if now - self._window >= DEAD_WINDOW:
+            if self._unlogged:
+                logger.error(
+                    "%d more tasks were dead-lettered without a line each; "
+                    "'aiogroupq dead list' shows them with their reasons",
+                    self._unlogged,
+                )
+            self._window, self._lines, self._unlogged = now, 0, 0
+        for i, task_id in enumerate(ids):
+            if self._lines >= DEAD_LINES:
+                self._unlogged += len(ids) - i
+                return
+            self._lines += 1
+            reason = reasons[i] if i < len(reasons) else "?"
+            logger.error(
+                "task %s dead-lettered: %s", task_id, reason, extra=extra(task_id, None)
+            )

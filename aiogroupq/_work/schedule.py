@@ -40,6 +40,9 @@ logger: logging.Logger = logging.getLogger("aiogroupq._schedule")
 
 #: shortest ``every``: each tick costs every consumer two round trips
 MIN_EVERY: Final = 0.1
+#: longest ``every``, 366 days: ticks are counted from the Unix epoch, so a
+#: longer one falls on dates nobody reads off it (``cron`` says when)
+MAX_EVERY: Final = 366 * 86_400.0
 #: how far ahead of its tick a run is enqueued, as a delayed task due at the
 #: tick: the server's delayed-task timer then starts it on time, whatever the
 #: scheduler's own wake-up jitter
@@ -115,6 +118,14 @@ class _CronTicks:
                 "pip install 'aiogroupq[cron]'"
             ) from None
         self.expr = _MACROS.get(expr.strip().lower(), expr)
+        if len(self.expr.split()) != 5:
+            # cronsim reads a sixth field as seconds; the scheduler's steps
+            # past a repeated wall-clock hour are bounded for minute ticks.
+            raise ConfigurationError(
+                f"cron expression {expr!r} has {len(self.expr.split())} fields; "
+                "it takes five (minute hour day-of-month month day-of-week): "
+                "for ticks under a minute, use every="
+            )
         self.zone = zone
         self.lead_ms = LEAD_MS
         try:
@@ -170,6 +181,21 @@ def _ms(moment: datetime) -> int:
     return round(moment.timestamp() * 1000)
 
 
+def _every_seconds(every: object) -> float:
+    """*every* in seconds, from :data:`MIN_EVERY` to :data:`MAX_EVERY`."""
+    value = every.total_seconds() if isinstance(every, timedelta) else every
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not MIN_EVERY <= value <= MAX_EVERY
+    ):
+        raise ConfigurationError(
+            f"every must be from {MIN_EVERY} to {MAX_EVERY:,.0f} seconds (366 "
+            f"days; longer periods: cron=), got {every!r}"
+        )
+    return float(value)
+
+
 def _zone(tz: object) -> ZoneInfo:
     if not isinstance(tz, str):
         raise ConfigurationError(
@@ -198,8 +224,8 @@ class Schedule:
     :param cron: a cron expression (five fields, minute first; names,
         ranges, steps, lists, Debian's ``@daily``-style macros), evaluated in
         *tz*. Needs the ``cronsim`` package: ``pip install 'aiogroupq[cron]'``
-    :param every: instead of *cron*: seconds (or a timedelta, at least 0.1 s,
-        rounded to whole milliseconds) between ticks, counted from the Unix
+    :param every: instead of *cron*: seconds (or a timedelta, from 0.1 s to
+        366 days, rounded to whole milliseconds) between ticks, counted from the Unix
         epoch, so every consumer agrees on them
     :param tz: the time zone *cron* is read in: a tz database name such as
         ``"Europe/Paris"`` (default ``"UTC"``); *every* takes only ``"UTC"``
@@ -279,7 +305,7 @@ class Schedule:
                     f"tz={zone.key!r} applies to cron= only: every= counts from "
                     "the Unix epoch; for times of day in a zone, use cron="
                 )
-            seconds = _validate.setting_seconds("every", every, minimum=MIN_EVERY)
+            seconds = _every_seconds(every)
             ticks = _IntervalTicks(round(seconds * 1000))
         set_ = object.__setattr__
         set_(self, "name", name)

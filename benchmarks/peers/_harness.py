@@ -84,6 +84,10 @@ class Adapter:
     def __init__(self, options: dict[str, Any]) -> None:
         self.options = options
 
+    def versions(self) -> dict[str, str]:
+        """The versions the report names: :attr:`distributions`' by default."""
+        return _versions(self.distributions)
+
     async def open(self, url: str, queue: str) -> None:
         """Connect the producer side."""
         raise NotImplementedError
@@ -260,15 +264,18 @@ class CpuWatch:
     worker processes nor the server used while a measurement ran: other work
     competing for the same cores, which skews every figure."""
 
-    def __init__(self, resp: Resp) -> None:
+    def __init__(
+        self, resp: Resp, own: Callable[[], float] = time.process_time
+    ) -> None:
         self._resp = resp
+        self._own = own
         self._start = self._sample()
 
     def _sample(self) -> tuple[float, float]:
         """(CPU seconds others used, CPU seconds the machine had) so far."""
         busy, total = machine_cpu()
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
-        ours = children.ru_utime + children.ru_stime + time.process_time()
+        ours = children.ru_utime + children.ru_stime + self._own()
         cpu = self._resp.info("cpu")
         server = float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
         return busy - ours - server, total
@@ -464,14 +471,7 @@ class Workers:
                 "options": d.options,
             }
             log_file = (self._dir / f"worker-{i}.log").open("wb")
-            argv = [
-                *d.worker_prefix,
-                sys.executable,
-                "-m",
-                d.module,
-                "worker",
-                json.dumps(config),
-            ]
+            argv = [*d.worker_prefix, *d.worker_argv(json.dumps(config))]
             self._procs.append(
                 subprocess.Popen(
                     argv,
@@ -619,7 +619,7 @@ class Driver:
         the least disturbed result. Each result records that share."""
         best: dict[str, Any] | None = None
         for attempt in range(self.retries + 1):
-            watch = CpuWatch(self.resp)
+            watch = CpuWatch(self.resp, self.own_cpu)
             result = await measure()
             share = result["foreign_cpu_share"] = watch.share()
             if best is None or share < best["foreign_cpu_share"]:
@@ -634,6 +634,21 @@ class Driver:
 
     def snapshot(self) -> ServerSnapshot:
         return ServerSnapshot.take(self.resp)
+
+    # -- what a driver in another language changes (benchmarks/peers/bullmq.py) --
+
+    def worker_argv(self, config: str) -> list[str]:
+        """The command of one worker process, given its JSON config."""
+        return [sys.executable, "-m", self.module, "worker", config]
+
+    def producer_cpu(self) -> float:
+        """CPU seconds the producer has used so far (it enqueues in this
+        process unless a subclass says otherwise)."""
+        return time.process_time()
+
+    def own_cpu(self) -> float:
+        """CPU seconds this driver and its producer have used so far."""
+        return time.process_time()
 
     @contextmanager
     def workers(self, processes: int = 1) -> Iterator[Workers]:
@@ -729,11 +744,11 @@ class Driver:
         if self.adapter.has_batch:
             self.flush()
             before = self.snapshot()
-            cpu0 = time.process_time()
+            cpu0 = self.producer_cpu()
             batch = await self.enqueue_batches(s.enqueue_batch)
             out["batch"] = {
                 "per_s": batch,
-                "producer_cpu_us": (time.process_time() - cpu0) * 1e6 / s.enqueue_batch,
+                "producer_cpu_us": (self.producer_cpu() - cpu0) * 1e6 / s.enqueue_batch,
                 "server": server_cost(before, self.snapshot(), s.enqueue_batch),
             }
             log(f"enqueue, batch API ({s.batch_size} a call): {batch:,.0f}/s")
@@ -745,9 +760,9 @@ class Driver:
         n = self.sizes.drain
         self.flush()
         before = self.snapshot()
-        cpu0 = time.process_time()
+        cpu0 = self.producer_cpu()
         rate = await self.enqueue_concurrent(n)
-        producer_cpu = (time.process_time() - cpu0) * 1e6 / n
+        producer_cpu = (self.producer_cpu() - cpu0) * 1e6 / n
         enqueue_cost = server_cost(before, self.snapshot(), n)
         log(f"enqueued {n} (100 in flight): {rate:,.0f}/s; draining")
         figures = await self.drain(n)
@@ -767,9 +782,9 @@ class Driver:
         n = self.sizes.drain
         self.flush()
         before = self.snapshot()
-        cpu0 = time.process_time()
+        cpu0 = self.producer_cpu()
         rate = await self.enqueue_concurrent(n, groups=lambda i: f"g{i}")
-        producer_cpu = (time.process_time() - cpu0) * 1e6 / n
+        producer_cpu = (self.producer_cpu() - cpu0) * 1e6 / n
         enqueue_cost = server_cost(before, self.snapshot(), n)
         log(f"enqueued {n} grouped (100 in flight): {rate:,.0f}/s; draining")
         figures = await self.drain(n)
@@ -838,35 +853,43 @@ class Driver:
             if pause > 0:
                 await asyncio.sleep(pause)
 
+    async def warm_up(self, count: int) -> None:
+        """*count* unmeasured probes 50 ms apart, before the measured ones."""
+        for _ in range(count):
+            await self.adapter.enqueue(time.monotonic())
+            await asyncio.sleep(0.05)
+
+    async def send_probes(self, count: int, delay: float | None = None) -> None:
+        """*count* probes, one every ``interval``; each one's payload is its
+        send time, or with *delay* its due time, read just before the call."""
+        enqueue = self.adapter.enqueue
+
+        async def send() -> None:
+            if delay is None:
+                await enqueue(time.monotonic())
+            else:
+                await enqueue(time.monotonic() + delay, delay=delay)
+
+        await self._paced(count, send)
+
     async def workload_latency(self) -> dict[str, Any]:
         """Idle pickup latency, then delayed-task lateness, on one idle worker."""
         s = self.sizes
-        enqueue = self.adapter.enqueue
         out: dict[str, Any] = {}
         self.flush()
         with self.workers(1) as group:
             await group.wait_ready()
-            for _ in range(s.warmup):
-                await enqueue(time.monotonic())
-                await asyncio.sleep(0.05)
+            await self.warm_up(s.warmup)
             await group.wait_count(s.warmup, timeout=60)
             await asyncio.sleep(0.2)
-
-            async def pickup() -> None:
-                await enqueue(time.monotonic())
-
-            await self._paced(s.probes, pickup)
+            await self.send_probes(s.probes)
             await group.wait_count(s.warmup + s.probes, timeout=60)
             expected = s.warmup + s.probes
             if self.adapter.has_delay and (
                 self.wants("delayed") or self.wants("latency")
             ):
                 await asyncio.sleep(0.2)
-
-                async def delayed() -> None:
-                    await enqueue(time.monotonic() + s.delay, delay=s.delay)
-
-                await self._paced(s.delayed, delayed)
+                await self.send_probes(s.delayed, s.delay)
                 expected += s.delayed
                 await group.wait_count(expected, timeout=60)
             [result] = group.stop()
@@ -903,7 +926,7 @@ class Driver:
         s, a = self.sizes, self.adapter
         result: dict[str, Any] = {
             "label": a.label,
-            "versions": _versions(a.distributions),
+            "versions": a.versions(),
             "settings": a.settings,
             "has_batch": a.has_batch,
             "has_delay": a.has_delay,
@@ -957,8 +980,15 @@ def _versions(distributions: Sequence[str]) -> dict[str, str]:
 # -- entry point ----------------------------------------------------------------------
 
 
-def main(factory: Callable[[dict[str, Any]], Adapter], module: str) -> None:
-    """``<module> drive --url URL --out FILE [...]`` or ``<module> worker CONFIG``."""
+def main(
+    factory: Callable[[dict[str, Any]], Adapter],
+    module: str,
+    driver_class: type[Driver] = Driver,
+) -> None:
+    """``<module> drive --url URL --out FILE [...]`` or ``<module> worker CONFIG``.
+
+    *driver_class* is for a library whose producer and workers are not Python
+    (BullMQ): its driver changes how they are started and timed."""
     if len(sys.argv) >= 3 and sys.argv[1] == "worker":
         config = json.loads(sys.argv[2])
         asyncio.run(_worker(factory(config.get("options", {})), config))
@@ -991,7 +1021,7 @@ def main(factory: Callable[[dict[str, Any]], Adapter], module: str) -> None:
         sizes.drain = args.drain
     if args.backlog:
         sizes.backlog = args.backlog
-    driver = Driver(
+    driver = driver_class(
         factory(options),
         module,
         url=args.url,

@@ -8,8 +8,9 @@
 -- the running task goes back to the front of its group, or, when counted
 -- and past its last attempt, to the dead letters; a task whose cancellation
 -- was requested ends cancelled. Returns what became of it ('ready', 'dead',
--- 'cancelled' or nil for nothing to recover) and a problem to report, if a
--- damaged key was met.
+-- 'cancelled' or nil for nothing to recover), a problem to report, if a
+-- damaged key was met, and the reason a dead-lettered task got (for the
+-- consumer's log line).
 local function recover(id, now, why, counted, retention)
   local key = k_task(id)
   local f = redis.pcall('HMGET', key, 'g', 'a', 'm', 'c', 's', 'cx', 'p')
@@ -21,8 +22,9 @@ local function recover(id, now, why, counted, retention)
   local G = g and group(g)
   redis.call('HDEL', key, 'c')
   if g and not G then
-    bury(id, nil, false, now, damage_reason('a key of group ' .. g .. ' is damaged'), '')
-    return 'dead', 'a key of group ' .. g .. ' is damaged'
+    local reason = damage_reason('a key of group ' .. g .. ' is damaged')
+    bury(id, nil, false, now, reason, '')
+    return 'dead', 'a key of group ' .. g .. ' is damaged', reason
   end
   if f[6] then
     conclude(id, 'cancelled', now, retention)
@@ -34,9 +36,10 @@ local function recover(id, now, why, counted, retention)
   if not counted then
     incr(key, 'a', -1)
   elseif attempt >= max_attempts then
-    bury(id, G, true, now, why .. ' on the last attempt (' .. attempt .. ' of ' ..
-      max_attempts .. '); consumer ' .. tostring(f[4]), '')
-    return 'dead'
+    local reason = why .. ' on the last attempt (' .. attempt .. ' of ' ..
+      max_attempts .. '); consumer ' .. tostring(f[4])
+    bury(id, G, true, now, reason, '')
+    return 'dead', nil, reason
   end
   continue_front(G, id, tonumber(f[7]) or 0)
   if counted then
