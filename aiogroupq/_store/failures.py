@@ -82,15 +82,22 @@ def as_aiogroupq_error(exc: BaseException) -> AiogroupqError | None:
     return None
 
 
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """*exc* and what it was raised from or during, each once."""
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        yield link
+        link = link.__cause__ or link.__context__
+
+
 def cause_of(exc: BaseException) -> str:
     """Why a connection or a round trip failed, in a few words read from the
     socket error behind *exc* (by its errno, not its message):
     ``connection refused``, ``connection reset by peer``, ``timed out``;
     else redis-py's own message."""
-    seen: set[int] = set()
-    link: BaseException | None = exc
-    while link is not None and id(link) not in seen:
-        seen.add(id(link))
+    for link in _chain(exc):
         if isinstance(link, TimeoutError | rexc.TimeoutError):
             return "timed out"
         if isinstance(link, socket.gaierror) and link.strerror:
@@ -99,7 +106,6 @@ def cause_of(exc: BaseException) -> str:
             # asyncio's own message ("Connect call failed ...") says less.
             text = os.strerror(link.errno)
             return text[:1].lower() + text[1:]
-        link = link.__cause__ or link.__context__
     text = (str(exc) or type(exc).__name__).rstrip(".")
     return text[:1].lower() + text[1:]
 
@@ -144,16 +150,17 @@ def refused_connect(exc: BaseException) -> bool:
     """Whether *exc* is a refusal to connect (by the socket error behind
     it: connection refused, no such socket file, an unknown host name),
     which happens before anything is sent."""
-    seen: set[int] = set()
-    link: BaseException | None = exc
-    while link is not None and id(link) not in seen:
-        seen.add(id(link))
-        if isinstance(link, socket.gaierror):
-            return True
-        if isinstance(link, OSError) and link.errno in _NEVER_CONNECTED:
-            return True
-        link = link.__cause__ or link.__context__
-    return False
+    return any(
+        isinstance(link, socket.gaierror)
+        or (isinstance(link, OSError) and link.errno in _NEVER_CONNECTED)
+        for link in _chain(exc)
+    )
+
+
+def _budget_spent(exc: BaseException) -> bool:
+    """Whether *exc* is, or wraps, a :class:`BudgetSpent` (redis-py 5 wraps
+    an error raised while connecting in its own ``ConnectionError``)."""
+    return any(isinstance(link, BudgetSpent) for link in _chain(exc))
 
 
 class _Outgoing:
@@ -210,7 +217,7 @@ def outcome_of(
             and (
                 refused_connect(exc)
                 or busy(exc)  # the server's answer to this very request
-                or (isinstance(exc, BudgetSpent) and outgoing.failures > 0)
+                or (_budget_spent(exc) and outgoing.failures > 0)
             )
         )
         if never_sent and busy(exc):
