@@ -17,6 +17,7 @@ import msgspec
 from ._inspect.aggregate import statuses
 from ._inspect.reads import id_list
 from ._store import routing as _routing, scripts as _scripts, validate as _validate
+from ._store.coalesce import Coalescer, Refusal
 from ._store.codec import EncodeFailure, decode_result, encode_payload, identity, pack
 from ._store.connection import (
     RedisLike,
@@ -38,7 +39,6 @@ from ._store.partition import in_partition
 from ._store.queries import task_state
 from ._store.replies import (
     CancelCode,
-    GroupCorruptRefusal,
     GroupFullRefusal,
     NotReplicatedRefusal,
     public_error,
@@ -46,6 +46,7 @@ from ._store.replies import (
 from ._store.server_checks import check_replicas, check_server
 from ._telemetry.events import EventKind, Observer, Observers, check_observers
 from .errors import (
+    AiogroupqError,
     BatchTooLargeError,
     ConfigurationError,
     CorruptTaskError,
@@ -154,6 +155,12 @@ class Producer(QueueHandle, anyio.AsyncContextManagerMixin):
                 f"allow_eviction must be True or False, got {allow_eviction!r}"
             )
         self._allow_eviction = allow_eviction
+        self._lane = Coalescer(
+            self._send_now,
+            self._refused,
+            max_tasks=MAX_BATCH,
+            max_bytes=max_batch_bytes,
+        )
 
     @asynccontextmanager
     async def __asynccontextmanager__(self) -> AsyncGenerator[Self]:
@@ -166,7 +173,10 @@ class Producer(QueueHandle, anyio.AsyncContextManagerMixin):
             try:
                 yield self
             finally:
-                self._client = None
+                try:
+                    await self._lane.aclose()
+                finally:
+                    self._client = None
 
     @unavailable_as_error
     async def enqueue(
@@ -318,7 +328,14 @@ class Producer(QueueHandle, anyio.AsyncContextManagerMixin):
                     )
         return ids
 
-    async def _send(self, prepared: list[_scripts.NewTask]) -> list[str]:
+    async def _send(self, news: list[_scripts.NewTask]) -> list[str]:
+        # Sent at once when nothing is in flight, else with the calls that
+        # queue up meanwhile (_store/coalesce.py).
+        return await self._lane.submit(news)
+
+    async def _send_now(self, news: Sequence[_scripts.NewTask]) -> list[str]:
+        """One script call (per partition) carrying *news*; refusals are
+        raised as they come, with their index into *news*."""
         client = self._open_client()
 
         def certain() -> bool:
@@ -327,25 +344,26 @@ class Producer(QueueHandle, anyio.AsyncContextManagerMixin):
             # read a new layout) go at once, and some may have been written.
             return sees_every_try(client) and not self._parts.partitioned
 
-        try:
-            with outcome_of([new.id for new in prepared], certain=certain):
-                return await _routing.send(
-                    client,
-                    self._parts,
-                    prepared,
-                    dedup_window_ms=self._dedup_window_ms,
-                    replication=self._replication,
-                )
-        except GroupFullRefusal as refusal:
-            group = prepared[refusal.index].group or ""
-            raise public_error(refusal, group) from None
-        except GroupCorruptRefusal as refusal:
-            group = prepared[refusal.index].group or ""
-            key = self._parts.of_group(group)[0].group(group)
-            raise public_error(refusal, key) from None
-        except NotReplicatedRefusal as refusal:
+        with outcome_of([new.id for new in news], certain=certain):
+            return await _routing.send(
+                client,
+                self._parts,
+                news,
+                dedup_window_ms=self._dedup_window_ms,
+                replication=self._replication,
+            )
+
+    def _refused(
+        self, refusal: Refusal, news: Sequence[_scripts.NewTask]
+    ) -> AiogroupqError:
+        """The public error of a refusal of *news* (its index is into them)."""
+        if isinstance(refusal, NotReplicatedRefusal):
             assert self._replication is not None
-            raise public_error(refusal, replicas=self._replication.replicas) from None
+            return public_error(refusal, replicas=self._replication.replicas)
+        group = news[refusal.index].group or ""
+        if isinstance(refusal, GroupFullRefusal):
+            return public_error(refusal, group)
+        return public_error(refusal, self._parts.of_group(group)[0].group(group))
 
     def _prepare(self, task: Task) -> tuple[Envelope, _scripts.NewTask]:
         task_type = _validate.name("task_type", task.task_type)

@@ -36,6 +36,24 @@ async def kinds(client: redis.asyncio.Redis) -> set[str]:
     return {p.kind for p in (await _fsck.examine(client, KEYS)).problems}
 
 
+async def test_a_claim_while_the_check_reads_is_no_fence_problem(
+    redis_client: redis.asyncio.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A live claim between the check's read of the fence and its read of
+    # the tasks hands out a token above the fence it read: not damage.
+    await build(redis_client)
+    running = KEYS.task("u03")  # ungrouped: no slot mark holds its token
+    read_tasks = _snapshot._read_tasks
+
+    async def claim_first(*args: Any, **kwargs: Any) -> None:
+        token = await redis_client.incr(KEYS.fence)
+        await redis_client.hset(running, "k", token)
+        await read_tasks(*args, **kwargs)
+
+    monkeypatch.setattr(_snapshot, "_read_tasks", claim_first)
+    assert (await _fsck.examine(redis_client, KEYS)).problems == []
+
+
 # -- healthy queues --------------------------------------------------------
 
 

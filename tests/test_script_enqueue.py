@@ -217,12 +217,13 @@ async def test_enqueue_malformed_arguments_write_nothing(
     # Sentinels locate the second task's delay and max_attempts in the argv.
     bad = new("b", "g", delay_ms=7777, max_attempts=77)
     args = await _enqueue_args([good, bad], WINDOW_MS)
+    # The wrapper sends every value as bytes (what redis-py would send).
     variants = {
-        "delay": replaced(args, 7777, "soon"),
-        "max_attempts": replaced(args, 77, "many"),
+        "delay": replaced(args, b"7777", "soon"),
+        "max_attempts": replaced(args, b"77", "many"),
         "arity": args[:-1],
-        "window": replaced(args, WINDOW_MS, "forever"),
-        "count": replaced(args, 2, "two"),
+        "window": replaced(args, b"%d" % WINDOW_MS, "forever"),
+        "count": replaced(args, b"2", "two"),
     }
     for name, argv in variants.items():
         with pytest.raises(ResponseError, match="malformed"):

@@ -380,6 +380,12 @@ async def read(
         *(i for ids in snap.inflight.values() for i in ids),
     }
     await _read_tasks(client, snap, sorted(set(tasks) | referenced), max_payload)
+    if snap.fence is not None:
+        # Read again after the tasks: the counter only grows, so no token a
+        # live claim handed out while the tasks were read is above it.
+        (again,) = await _run(client, [("GET", (_raw(keys.fence),))])
+        if not isinstance(again, ResponseError):
+            snap.fence = _opt(again)
     return snap
 
 

@@ -80,8 +80,9 @@ for i = 0, n - 1 do
   any_unique = any_unique or ARGV[b + 7] == '1'
 end
 
--- Read everything the batch will write before its first write.
-local bad = check_fixed({ K_DELAYED, 'zset' })
+-- Read everything the batch will write before its first write: the
+-- settings now, the fixed keys once the plan says which it writes.
+local bad = read_conf()
 if bad then return bad end
 local now = now_ms(true)
 
@@ -120,6 +121,7 @@ if stored or routed then
 end
 
 local plan, seen, adds, first_of = {}, {}, {}, {}
+local any_new, any_delayed = false, false
 for i = 0, n - 1 do
   local b = 4 + PER * i
   local id, g, dkey, sched = ARGV[b], ARGV[b + 1], ARGV[b + 6], ARGV[b + 11]
@@ -153,7 +155,28 @@ for i = 0, n - 1 do
   if p.new and (tonumber(ARGV[b + 8]) or (p.g and GROUPS[p.g].prio) or 0) > 0 then
     any_prio = true
   end
+  if p.new then
+    any_new = true
+    local run_at = tonumber(ARGV[b + 4])
+    if (run_at > 0 and run_at or now + tonumber(ARGV[b + 3])) > now then any_delayed = true end
+  end
   plan[i] = p
+end
+-- Only the fixed keys this batch writes are probed (a single ungrouped task
+-- due now writes ready, stats and wake): a probe is a command per call.
+if any_new then
+  local keys = { K_READY, 'list', K_WAKE, 'list', K_STATS, 'hash' }
+  if next(adds) then
+    keys[#keys + 1] = K_BACKLOG; keys[#keys + 1] = 'zset'
+    keys[#keys + 1] = K_WAITING; keys[#keys + 1] = 'zset'
+  end
+  if any_delayed then keys[#keys + 1] = K_DELAYED; keys[#keys + 1] = 'zset' end
+  if conf().prio then
+    keys[#keys + 1] = K_PREADY; keys[#keys + 1] = 'zset'
+    keys[#keys + 1] = K_PSEQ; keys[#keys + 1] = 'string'
+  end
+  bad = preflight(keys)
+  if bad then return bad end
 end
 -- A group that may queue tasks in its line: is the line's key usable?
 for g, count in pairs(adds) do

@@ -61,14 +61,27 @@ if bad then return bad end
 
 local now = now_ms(true) -- due times of retries round up
 local codes, readied, delayed_earlier = {}, 0, false
+-- A slot's mark goes with the group's hash when the group empties, else in
+-- one HDEL at flush; leases and recovery-key members go in one command each
+-- after the loop (its lease read is only for a running task, and an applied
+-- one is no longer running: an id twice in a batch is answered 2 again).
+DEFER_DROPS = true
+local unleased, unclaimed = {}, {}
 
 -- Apply one outcome whose token owns the running task; returns its code.
 local function apply(id, token, kind, arg1, arg2, f)
   local key = k_task(id)
   local converted = f[6] and (kind == 'retry' or kind == 'back')
   if converted then kind = 'cancel' end
-  redis.call('ZREM', K_LEASES, id)
-  if f[4] then redis.pcall('SREM', k_inflight(f[4]), id) end
+  unleased[#unleased + 1] = id
+  if f[4] then
+    local of = unclaimed[f[4]]
+    if not of then
+      of = {}
+      unclaimed[f[4]] = of
+    end
+    of[#of + 1] = id
+  end
   local g, G = f[3], nil
   if g then
     G = group(g)
@@ -131,6 +144,10 @@ for i = 0, n - 1 do
   else
     codes[#codes + 1] = 0
   end
+end
+call_many(redis.call, 'ZREM', K_LEASES, unleased)
+for consumer, of in pairs(unclaimed) do
+  call_many(redis.pcall, 'SREM', k_inflight(consumer), of)
 end
 flush()
 if delayed_earlier and readied == 0 then readied = 1 end

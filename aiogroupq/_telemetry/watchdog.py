@@ -108,7 +108,7 @@ class Watchdog:
             for running in held:
                 if id(running) in cancelled or running.frame is None:
                     continue
-                if now >= running.lease_scope.deadline:
+                if now >= running.deadline:
                     cancelled.add(id(running))
                     try:
                         loop.call_soon_threadsafe(running.expire)

@@ -20,11 +20,12 @@ repaired. At start, a damaged key refuses the consumer instead.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 from redis.exceptions import ResponseError
@@ -39,11 +40,11 @@ from .runner import Running
 
 if TYPE_CHECKING:
     from anyio.abc import TaskStatus
-    from anyio.streams.memory import MemoryObjectSendStream
 
     from .._store.connection import Client
     from .._store.keys import QueueKeys
     from .._store.partition import Partitions
+    from .handoff import Handoff
     from .outcomes import Counters, Outcomes
 
 logger = logging.getLogger("aiogroupq.consumer")
@@ -65,7 +66,7 @@ class SlotPool:
     def __init__(self, free: int) -> None:
         self.free = free
         self.closed = False
-        self._waiters: deque[anyio.Event] = deque()
+        self._waiters: deque[asyncio.Event] = deque()
 
     async def take(self, most: int) -> int:
         """Reserve between 1 and *most* slots, waiting for one to be free and
@@ -74,7 +75,7 @@ class SlotPool:
             return 0
         if self.free > 0 and not self._waiters:
             return self._grab(most)
-        event = anyio.Event()
+        event = asyncio.Event()
         self._waiters.append(event)
         try:
             await event.wait()
@@ -147,7 +148,7 @@ class Fetchers:
         self.ctx = ctx
         self._parts = parts
         self._fetchers: dict[int, Fetcher] = {}
-        self._stopped = anyio.Event()
+        self._stopped = asyncio.Event()
 
     def stop(self) -> None:
         """Stop claiming: close the slots and wake every fetcher."""
@@ -159,14 +160,23 @@ class Fetchers:
     async def run(
         self,
         client: Client,
-        send: MemoryObjectSendStream[Running],
+        send: Handoff,
         *,
         task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         """Run one fetcher per partition, claiming when this reports started;
-        re-read the layout every :data:`LAYOUT_POLL` seconds until stopped."""
+        re-read the layout every :data:`LAYOUT_POLL` seconds until stopped;
+        close *send* once every fetcher is done (the workers end then)."""
+        try:
+            await self._run(client, send, task_status)
+        finally:
+            send.close()
+
+    async def _run(
+        self, client: Client, send: Handoff, task_status: TaskStatus[None]
+    ) -> None:
         queue = self.ctx.queue
-        async with send, anyio.create_task_group() as tg:
+        async with anyio.create_task_group() as tg:
 
             async def follow(*, starting: bool = False) -> None:
                 for partition in range(self._parts.layout.count):
@@ -175,7 +185,7 @@ class Fetchers:
                             self.ctx, self._parts.keys(partition), starting=starting
                         )
                         self._fetchers[partition] = fetcher
-                        await tg.start(fetcher.run, client, send.clone())
+                        await tg.start(fetcher.run, client, send)
                 for partition, fetcher in list(self._fetchers.items()):
                     if partition >= self._parts.layout.count:
                         fetcher.retire()
@@ -227,12 +237,17 @@ class Fetcher:
         self.retired = False
         self._starting = starting
         self._who = f"fetch:{keys.partition}"
-        self._block_scope: anyio.CancelScope | None = None
+        # The task blocked in _block, which wake() cancels; whether it did.
+        self._blocked: asyncio.Task[Any] | None = None
+        self._woken = False
+        # Wake tokens being pushed for a delayed task falling due.
+        self._pokes: set[asyncio.Future[None]] = set()
 
     def wake(self) -> None:
         """Cut a blocking wait short (stopping, or retiring)."""
-        if self._block_scope is not None:
-            self._block_scope.cancel()
+        if self._blocked is not None and not self._woken:
+            self._woken = True
+            self._blocked.cancel()
 
     def retire(self) -> None:
         """Stop after the current claim (the partition left the layout)."""
@@ -242,7 +257,7 @@ class Fetcher:
     async def run(
         self,
         client: Client,
-        send: MemoryObjectSendStream[Running],
+        send: Handoff,
         *,
         task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
@@ -256,87 +271,81 @@ class Fetcher:
         # A previous incarnation with our name may have died holding tasks:
         # they go back to the front of their groups now, not at lease expiry.
         reconcile: bool | None = True
-        if self._starting:
-            # Also the start's check of the queue's keys: a damaged one
-            # refuses the consumer (CorruptQueueError) rather than leave it
-            # started and claiming nothing.
-            try:
-                if await self._recover(client, True, backoff, strict=True):
-                    reconcile = None
-            except BaseException:
-                await send.aclose()
-                raise
+        # Also the start's check of the queue's keys: a damaged one refuses
+        # the consumer (CorruptQueueError) rather than leave it started and
+        # claiming nothing.
+        if self._starting and await self._recover(client, True, backoff, strict=True):
+            reconcile = None
         task_status.started()
         watch = ctx.watch
-        async with send:
-            while not ctx.slots.closed and not self.retired:
-                if watch.holds_claims():
-                    # Leases wait to be set again (damage.py): a claim now
-                    # would recover them first.
-                    await self._block(None, PROBE)
-                    continue
-                if reconcile is not None:
-                    if not await self._recover(client, reconcile, backoff):
-                        await self._block(None, self._pause(backoff))
-                        backoff = min(backoff * 2, _BACKOFF_MAX)
-                        continue
-                    reconcile = None
-                k = await ctx.slots.take(ctx.claim_batch)
-                if k == 0:
-                    continue  # closed
-                sent_at = anyio.current_time()
-                try:
-                    reply = await _scripts.claim(
-                        client,
-                        keys,
-                        ctx.name,
-                        k=k,
-                        lease_ms=lease_ms,
-                        scan_limit=k + 64,
-                        retention_ms=ctx.retention_ms,
-                        replication=ctx.replication,
-                    )
-                except CorruptQueueError as exc:  # refused before writing
-                    ctx.slots.give(k)
-                    watch.refused(self._who, exc, leases=keys.leases)
-                    await self._block(None, min(backoff, PROBE))
+        while not ctx.slots.closed and not self.retired:
+            if watch.holds_claims():
+                # Leases wait to be set again (damage.py): a claim now
+                # would recover them first.
+                await self._block(None, PROBE)
+                continue
+            if reconcile is not None:
+                if not await self._recover(client, reconcile, backoff):
+                    await self._block(None, self._pause(backoff))
                     backoff = min(backoff * 2, _BACKOFF_MAX)
                     continue
-                except (*REDIS_FAILURES, QueueFullError) as exc:
-                    ctx.slots.give(k)
-                    # QueueFullError: Redis is out of memory and refused the
-                    # claim before it ran; work in flight can still finish.
-                    logger.warning("claim failed (%s); retrying in %.2fs", exc, backoff)
-                    # The script may have run and its reply been lost: what it
-                    # claimed sits in our recovery key; give it back first.
-                    reconcile = False
-                    await self._block(None, backoff)
-                    backoff = min(backoff * 2, _BACKOFF_MAX)
-                    continue
-                ctx.slots.give(k - len(reply.tasks))
-                watch.succeeded(self._who)
-                backoff = _BACKOFF_FIRST
-                self._hand_out(reply, sent_at, send)
-                if not reply.replicated:
-                    ctx.slots.give(len(reply.tasks))
-                    # Not started: a failover now could lose the claim, and
-                    # the task would run twice at once. Wait for a replica.
-                    logger.warning(
-                        "no replica acknowledged a claim of %d tasks in time; "
-                        "handed back unstarted, retrying in %.2fs",
-                        len(reply.tasks),
-                        backoff,
-                    )
-                    await self._block(None, backoff)
-                    backoff = min(backoff * 2, _BACKOFF_MAX)
-                    continue
-                if len(reply.tasks) == k or reply.more:
-                    continue
-                # A pop ends up to a server tick (~100 ms) after its timeout:
-                # a task due within a tick past the cap gets the timer too.
-                due = 0 <= reply.wait_ms < (block_cap + _SERVER_TICK) * 1000
-                timeout = reply.wait_ms / 1000 if due else block_cap
-                await self._block(client, timeout, due=due)
+                reconcile = None
+            k = await ctx.slots.take(ctx.claim_batch)
+            if k == 0:
+                continue  # closed
+            sent_at = anyio.current_time()
+            try:
+                reply = await _scripts.claim(
+                    client,
+                    keys,
+                    ctx.name,
+                    k=k,
+                    lease_ms=lease_ms,
+                    scan_limit=k + 64,
+                    retention_ms=ctx.retention_ms,
+                    replication=ctx.replication,
+                )
+            except CorruptQueueError as exc:  # refused before writing
+                ctx.slots.give(k)
+                watch.refused(self._who, exc, leases=keys.leases)
+                await self._block(None, min(backoff, PROBE))
+                backoff = min(backoff * 2, _BACKOFF_MAX)
+                continue
+            except (*REDIS_FAILURES, QueueFullError) as exc:
+                ctx.slots.give(k)
+                # QueueFullError: Redis is out of memory and refused the
+                # claim before it ran; work in flight can still finish.
+                logger.warning("claim failed (%s); retrying in %.2fs", exc, backoff)
+                # The script may have run and its reply been lost: what it
+                # claimed sits in our recovery key; give it back first.
+                reconcile = False
+                await self._block(None, backoff)
+                backoff = min(backoff * 2, _BACKOFF_MAX)
+                continue
+            ctx.slots.give(k - len(reply.tasks))
+            watch.succeeded(self._who)
+            backoff = _BACKOFF_FIRST
+            self._hand_out(reply, sent_at, send)
+            if not reply.replicated:
+                ctx.slots.give(len(reply.tasks))
+                # Not started: a failover now could lose the claim, and
+                # the task would run twice at once. Wait for a replica.
+                logger.warning(
+                    "no replica acknowledged a claim of %d tasks in time; "
+                    "handed back unstarted, retrying in %.2fs",
+                    len(reply.tasks),
+                    backoff,
+                )
+                await self._block(None, backoff)
+                backoff = min(backoff * 2, _BACKOFF_MAX)
+                continue
+            if len(reply.tasks) == k or reply.more:
+                continue
+            # A pop ends up to a server tick (~100 ms) after its timeout:
+            # a task due within a tick past the cap gets the timer too.
+            due = 0 <= reply.wait_ms < (block_cap + _SERVER_TICK) * 1000
+            timeout = reply.wait_ms / 1000 if due else block_cap
+            await self._block(client, timeout, due=due)
 
     async def _recover(
         self, client: Client, counted: bool, backoff: float, *, strict: bool = False
@@ -378,7 +387,7 @@ class Fetcher:
         self,
         reply: _scripts.ClaimReply,
         sent_at: float,
-        send: MemoryObjectSendStream[Running],
+        send: Handoff,
     ) -> None:
         """Pass a claim sent at *sent_at* to the workers, leased from then
         and to start within its start window (or back, unstarted, when no
@@ -396,15 +405,13 @@ class Fetcher:
         # From when the claim was sent: the server claimed after that, so
         # neither the lease nor the start window is counted from too late.
         deadline = sent_at + ctx.local_lease()
+        start_by = sent_at + START_WINDOW
+        held, replicated = ctx.running, reply.replicated
         for claimed in reply.tasks:
-            running = Running(
-                claimed,
-                anyio.CancelScope(deadline=deadline),
-                start_by=sent_at + START_WINDOW,
-            )
-            ctx.running[claimed.id] = running
-            if reply.replicated:
-                send.send_nowait(running)
+            running = Running(claimed, deadline=deadline, start_by=start_by)
+            held[claimed.id] = running
+            if replicated:
+                send.put(running)
             else:
                 ctx.outcomes.hand_back(running)
         ctx.counters.claimed += len(reply.tasks)
@@ -418,35 +425,47 @@ class Fetcher:
         ends blocking pops on its cron tick (10 per second by default), too
         coarse for that, so a local timer pushes a token at the precise time.
         """
-        with anyio.CancelScope() as scope:
-            self._block_scope = scope
-            if self.ctx.slots.closed or self.retired:
-                scope.cancel()
+        if self.ctx.slots.closed or self.retired:
+            return
+        # Plain asyncio (no cancel scope, no task group): this is on the way
+        # from a wake token to the claim, the idle pickup's latency.
+        task = asyncio.current_task()
+        assert task is not None
+        self._blocked, self._woken = task, False
+        poke = None
+        if due and client is not None:
+            poke = task.get_loop().call_later(timeout, self._start_poke, client)
+        try:
             if client is None:
-                await anyio.sleep(timeout)
-                return
-            async with anyio.create_task_group() as tg:
-                if due:
-                    tg.start_soon(self._poke, client, timeout)
-                try:
-                    await client.blpop(
-                        [self.keys.wake], timeout=max(timeout, 0.01) + 0.1
-                    )
-                except REDIS_FAILURES as exc:
-                    if isinstance(exc, ResponseError) and str(exc).startswith(
-                        "WRONGTYPE"
-                    ):
-                        # The wake list holds another type: the next claim
-                        # is refused too, and says the same.
-                        damage = CorruptQueueError(self.keys.wake, str(exc))
-                        leases = self.keys.leases
-                        self.ctx.watch.refused(self._who, damage, leases=leases)
-                        await anyio.sleep(PROBE)
-                    else:
-                        logger.warning("waiting for work failed (%s)", exc)
-                        await anyio.sleep(_BACKOFF_FIRST)
-                tg.cancel_scope.cancel()
-        self._block_scope = None
+                await asyncio.sleep(timeout)
+            else:
+                await self._pop(client, timeout)
+        except asyncio.CancelledError:
+            # Our wake() alone is taken back; anything else (the consumer's
+            # cancellation) goes on.
+            if not self._woken or task.uncancel() > 0:
+                raise
+        finally:
+            self._blocked, self._woken = None, False
+            if poke is not None:
+                poke.cancel()
+            for pushing in self._pokes:  # as the wait itself, over
+                pushing.cancel()
+
+    async def _pop(self, client: Client, timeout: float) -> None:
+        try:
+            await client.blpop([self.keys.wake], timeout=max(timeout, 0.01) + 0.1)
+        except REDIS_FAILURES as exc:
+            if isinstance(exc, ResponseError) and str(exc).startswith("WRONGTYPE"):
+                # The wake list holds another type: the next claim is refused
+                # too, and says the same.
+                damage = CorruptQueueError(self.keys.wake, str(exc))
+                leases = self.keys.leases
+                self.ctx.watch.refused(self._who, damage, leases=leases)
+                await asyncio.sleep(PROBE)
+            else:
+                logger.warning("waiting for work failed (%s)", exc)
+                await asyncio.sleep(_BACKOFF_FIRST)
 
     def _pause(self, backoff: float) -> float:
         """How long to wait before trying again: *backoff*, or at most
@@ -454,8 +473,12 @@ class Fetcher:
         the repair)."""
         return min(backoff, PROBE) if self.ctx.watch.damaged else backoff
 
-    async def _poke(self, client: Client, delay: float) -> None:
-        await anyio.sleep(delay)
+    def _start_poke(self, client: Client) -> None:
+        poke = asyncio.ensure_future(self._poke(client))
+        self._pokes.add(poke)
+        poke.add_done_callback(self._pokes.discard)
+
+    async def _poke(self, client: Client) -> None:
         # On failure the pop's own timeout wakes us a little later.
         with contextlib.suppress(*REDIS_FAILURES):
             await client.rpush(self.keys.wake, "1")

@@ -9,6 +9,7 @@ its outcomes stay queued until the key is repaired (see ``damage.py``).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
@@ -51,10 +52,11 @@ class Finisher:
         self._on_done = on_done
         self._watch = watch
         self._pending: list[_scripts.Outcome] = []
-        self._wakeup = anyio.Event()
+        # Plain asyncio: set once per outcome, it must cost next to nothing.
+        self._wakeup = asyncio.Event()
         # run() and close() may both send; one batch at a time keeps each
         # outcome reported once.
-        self._sending = anyio.Lock()
+        self._sending = asyncio.Lock()
 
     def submit(self, outcome: _scripts.Outcome) -> None:
         """Queue *outcome* (never blocks)."""
@@ -117,8 +119,8 @@ class Finisher:
         backoff = 0.05
         while True:
             if not self._pending:
+                self._wakeup.clear()
                 await self._wakeup.wait()
-                self._wakeup = anyio.Event()
                 continue
             if await self._send_batch():
                 backoff = 0.05

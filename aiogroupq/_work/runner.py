@@ -3,6 +3,7 @@ lease and timeout, and turn what happened into an outcome for ``finish.lua``."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import random
@@ -10,11 +11,9 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Final
-
-import anyio
 
 from .._store.codec import EncodeFailure, describe_decode_error, encode_payload, unpack
 from .._store.defaults import START_WINDOW
@@ -36,53 +35,151 @@ MAX_TRACEBACK: Final = 16_000
 ENVELOPE_OVERHEAD: Final = 1024
 
 
-@dataclass(eq=False)
 class Running:
     """A task this consumer holds, from claim until its outcome is recorded.
 
     The heartbeat tells it what the server answered through :meth:`extend`,
     :meth:`mark_lost` and :meth:`request_cancel`; the runner reads the flags
     once the handler ended.
+
+    :param claimed: what the claim returned
+    :param deadline: the local lease deadline (the event loop's clock): a
+        handler still running then is stopped, so a consumer that cannot
+        renew its leases stops by itself
+    :param start_by: a task of a group starts before this (the event loop's
+        clock) or not at all: its claim's start window (START_WINDOW)
     """
 
-    claimed: Claimed
-    # Cancelled when the lease is lost or a cancellation is requested; its
-    # deadline is the local lease deadline, so a consumer that cannot renew
-    # its leases stops by itself.
-    lease_scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
-    lost: bool = False
-    cancel_requested: bool = False
-    # What the handler sees, once the envelope decoded (for logs and events).
-    info: TaskInfo | None = None
-    # The frame that awaits the handler, while it runs: the watchdog looks
-    # for it on a stalled loop's stack.
-    frame: FrameType | None = None
-    # Seconds the handler ran, once it ended.
-    duration: float | None = None
-    # A task of a group starts before this (anyio's clock) or not at all:
-    # its claim's start window (START_WINDOW).
-    start_by: float = math.inf
+    # One timer per running handler, plain asyncio: an anyio cancel scope
+    # for the lease and another for the timeout cost several times more per
+    # task, and a consumer runs thousands of tasks a second.
+    __slots__ = (
+        "__weakref__",
+        "_handle",
+        "_task",
+        "_until",
+        "_when",
+        "cancel_requested",
+        "claimed",
+        "deadline",
+        "duration",
+        "frame",
+        "info",
+        "lost",
+        "start_by",
+        "stopped_by",
+    )
+
+    def __init__(
+        self,
+        claimed: Claimed,
+        *,
+        deadline: float = math.inf,
+        start_by: float = math.inf,
+    ) -> None:
+        self.claimed = claimed
+        self.deadline = deadline
+        self.start_by = start_by
+        self.lost = False
+        self.cancel_requested = False
+        # What the handler sees, once the envelope decoded (for logs and events).
+        self.info: TaskInfo | None = None
+        # The frame that awaits the handler, while it runs: the watchdog looks
+        # for it on a stalled loop's stack.
+        self.frame: FrameType | None = None
+        # Seconds the handler ran, once it ended.
+        self.duration: float | None = None
+        #: what stopped the handler: "lease" (lost, cancelled on request or
+        #: past the local lease deadline) or "timeout"; None while it runs
+        #: or when it ended by itself
+        self.stopped_by: str | None = None
+        # While the handler runs: its task, the end of its timeout, and the
+        # timer that stops it at the earlier of that and the lease deadline.
+        self._task: asyncio.Task[Any] | None = None
+        self._until = math.inf
+        self._handle: asyncio.TimerHandle | None = None
+        self._when = math.inf
 
     def extend(self, deadline: float) -> None:
         """Move the local lease deadline: a renewal holds the lease until then."""
-        self.lease_scope.deadline = deadline
+        self.deadline = deadline
+        # A later deadline is seen when the timer fires (no re-arming per
+        # heartbeat); an earlier one needs the timer earlier.
+        if self._task is not None and deadline < self._when:
+            self._arm()
 
     def mark_lost(self) -> None:
         """The lease is gone (the task was recovered): stop the handler, and
         drop whatever it returns."""
         self.lost = True
-        self.lease_scope.cancel()
+        self._stop("lease")
 
     def request_cancel(self) -> None:
         """Someone asked to cancel the task: stop the handler (once)."""
         if not self.cancel_requested:
             self.cancel_requested = True
-            self.lease_scope.cancel()
+            self._stop("lease")
 
     def expire(self) -> None:
         """The local lease deadline passed: stop the handler now, before its
         deadline's timer would (the watchdog's way on a stalled loop)."""
-        self.lease_scope.cancel()
+        self._stop("lease")
+
+    def begin(self, task: asyncio.Task[Any], timeout: float | None) -> None:
+        """The handler starts in *task*, for at most *timeout* seconds: stop
+        it at the earlier of that and the lease deadline, or at once when
+        the lease was lost or a cancellation requested before it started."""
+        self._task = task
+        if timeout is not None:
+            self._until = task.get_loop().time() + timeout
+        if self.lost or self.cancel_requested:
+            self._stop("lease")
+        else:
+            self._arm()
+
+    def end(self, *, cancelled: bool) -> str | None:
+        """The handler ended (*cancelled*: with a cancellation): what stopped
+        it, or None if nothing of ours did, or if something else cancelled it
+        too (the consumer's shutdown: that cancellation goes on)."""
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        task, self._task = self._task, None
+        if self.stopped_by is None or task is None:
+            return None
+        # Our task.cancel() is ours to take back, caught or not (a handler
+        # may swallow it), so that no later await sees it.
+        if task.uncancel() > 0 or not cancelled:
+            self.stopped_by = None
+        return self.stopped_by
+
+    def _arm(self) -> None:
+        assert self._task is not None
+        when = min(self.deadline, self._until)
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        self._when = when
+        if when != math.inf:
+            self._handle = self._task.get_loop().call_at(when, self._fire)
+
+    def _fire(self) -> None:
+        self._handle = None
+        if self._task is None:
+            return
+        now = self._task.get_loop().time()
+        if now >= self.deadline:
+            self._stop("lease")
+        elif now >= self._until:
+            self._stop("timeout")
+        else:  # the lease was extended meanwhile
+            self._arm()
+
+    def _stop(self, reason: str) -> None:
+        # Only while the handler runs, and once: the first reason stands.
+        if self._task is not None and self.stopped_by is None:
+            self.stopped_by = reason
+            self._task.cancel()
 
     def describe(self) -> str:
         """``task <id> (type …, group …, attempt n of m)``, as known."""
@@ -352,8 +449,10 @@ async def _run(
     envelope = _decode(attempt, routes, max_payload_bytes)
     if envelope is None:
         return  # rejected
-    now = anyio.current_time()
-    if now >= running.lease_scope.deadline:
+    task = asyncio.current_task()
+    assert task is not None
+    now = task.get_loop().time()
+    if now >= running.deadline:
         # The claim's reply came too late (a Redis stall): the lease may be
         # gone already. The handler never ran, so no attempt is counted; if
         # the task was recovered meanwhile, this hand-back is refused.
@@ -380,38 +479,41 @@ async def _run(
     )
     info = _begin(attempt, envelope)
     context_token = _current.set(info)
-    timed_out, result = False, None  # a stopped handler returns nothing
+    stopped, result = None, None  # a stopped handler returns nothing
     running.frame = sys._getframe()
     started = time.perf_counter()
+    running.begin(task, timeout)
     try:
-        with (
-            running.lease_scope,
-            anyio.move_on_after(timeout) as timeout_scope,
-            attempt.observers.handler(info),
-        ):
+        with attempt.observers.handler(info):
             if route.takes_payload:
                 result = await route.func(attempt.payload)
             else:
                 result = await route.func()
-        timed_out = timeout_scope.cancelled_caught
-    except anyio.get_cancelled_exc_class():
-        # The consumer is shutting down past its grace period: the task did
-        # not finish, so it goes back to the front of its group, uncounted.
-        attempt.outcome("back")
-        raise
+    except asyncio.CancelledError:
+        stopped = running.end(cancelled=True)
+        if stopped is None:
+            # The consumer is shutting down past its grace period: the task
+            # did not finish, so it goes back to the front of its group,
+            # uncounted.
+            attempt.outcome("back")
+            raise
     except Retry as exc:
+        running.end(cancelled=False)
         running.duration = time.perf_counter() - started
         attempt.failed(policy, exc, delay=exc.delay)
         return
     except Exception as exc:  # noqa: BLE001 - any handler error is an outcome
+        running.end(cancelled=False)
         running.duration = time.perf_counter() - started
         attempt.failed(policy, exc, delay=None)
         return
+    else:
+        running.end(cancelled=False)
     finally:
         running.frame = None
         _current.reset(context_token)
     running.duration = time.perf_counter() - started
-    _conclude(attempt, policy, result, timed_out, timeout)
+    _conclude(attempt, policy, result, stopped, timeout)
 
 
 def _decode(
@@ -508,12 +610,13 @@ def _conclude(
     attempt: _Attempt,
     policy: RetryPolicy,
     result: object,
-    timed_out: bool,
+    stopped: str | None,
     timeout: float | None,
 ) -> None:
-    """Turn a handler that returned, timed out or was stopped into its outcome."""
+    """Turn a handler that returned, timed out or was stopped (*stopped*:
+    by what, see :attr:`Running.stopped_by`) into its outcome."""
     running, route = attempt.running, attempt.route
-    if running.lease_scope.cancelled_caught:
+    if stopped == "lease":
         if running.lost:
             logger.warning(
                 "lease of %s was lost; its handler was cancelled and its "
@@ -531,7 +634,7 @@ def _conclude(
             # hold the task, so count a failed attempt (refused if recovered).
             stalled = TimeoutError("the lease could not be renewed in time")
             attempt.failed(policy, stalled, delay=0.0)
-    elif timed_out:
+    elif stopped == "timeout":
         late = TimeoutError(f"the attempt exceeded its timeout of {timeout}s")
         attempt.failed(policy, late, delay=None)
     elif route.options.store_result:

@@ -1,5 +1,5 @@
 """The consumer's workers: ``concurrency`` loops, each running one claimed
-task at a time, fed by the fetchers through one stream.
+task at a time, fed by the fetchers through one :class:`~.handoff.Handoff`.
 
 A worker gives its handler slot back to the :class:`SlotPool` when its task
 ends, so a fetcher claims at most as many tasks as there are free workers.
@@ -9,14 +9,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import anyio
-
 from .fetcher import SlotPool
-from .runner import RetryPolicy, Running, run_task
+from .handoff import Handoff
+from .runner import RetryPolicy, run_task
 
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup
-    from anyio.streams.memory import MemoryObjectReceiveStream
 
     from .._telemetry.events import Observers
     from .handlers import Route
@@ -24,7 +22,7 @@ if TYPE_CHECKING:
 
 
 class Workers:
-    """One run's workers, the stream that feeds them and their slots.
+    """One run's workers, the hand-off that feeds them and their slots.
 
     :param concurrency: how many tasks run at once
     :param outcomes: where each attempt's outcome goes
@@ -46,9 +44,7 @@ class Workers:
     ) -> None:
         self.slots = SlotPool(concurrency)
         #: where the fetchers put what they claimed
-        self.send, self._receive = anyio.create_memory_object_stream[Running](
-            concurrency
-        )
+        self.send = Handoff()
         self._concurrency = concurrency
         self._outcomes = outcomes
         self._routes = routes
@@ -59,44 +55,43 @@ class Workers:
     def start(self, tg: TaskGroup) -> None:
         """Start every worker in *tg*."""
         for _ in range(self._concurrency):
-            tg.start_soon(self._work, self._receive.clone())
+            tg.start_soon(self._work)
 
     def hand_back_unstarted(self) -> None:
-        """Close the stream and hand back what it still holds, unstarted."""
+        """Close the hand-off and hand back what it still holds, unstarted."""
         self.send.close()
         # Each hand-back goes to the front: reversed, they keep claim order.
-        for running in reversed(_drain(self._receive)):
+        for running in reversed(self.send.drain()):
             self._outcomes.hand_back(running)
-        self._receive.close()
 
-    async def _work(self, receive: MemoryObjectReceiveStream[Running]) -> None:
+    async def _work(self) -> None:
         slots, outcomes, submit = self.slots, self._outcomes, self._outcomes.submit
         routes, policy, observers = self._routes, self._policy, self._observers
         max_payload_bytes = self._max_payload_bytes
-        async with receive:
-            async for running in receive:
-                if slots.closed:
-                    outcomes.hand_back(running)
-                    continue
-                try:
-                    await run_task(
-                        running,
-                        routes,
-                        policy,
-                        submit,
-                        max_payload_bytes=max_payload_bytes,
-                        observers=observers,
-                    )
-                finally:
-                    if running.lost:
-                        outcomes.lease_lost(running)
-                    slots.give(1)
-
-
-def _drain(receive: MemoryObjectReceiveStream[Running]) -> list[Running]:
-    items = []
-    while True:
-        try:
-            items.append(receive.receive_nowait())
-        except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
-            return items
+        handoff = self.send
+        waiting = handoff.items
+        while True:
+            # A task already waiting is taken without a trip through the
+            # event loop (the handler's awaits are where it lets others run).
+            if waiting:
+                running = handoff.take()
+            elif (got := await handoff.get()) is not None:
+                running = got
+            else:
+                return  # closed: the fetchers are done
+            if slots.closed:
+                outcomes.hand_back(running)
+                continue
+            try:
+                await run_task(
+                    running,
+                    routes,
+                    policy,
+                    submit,
+                    max_payload_bytes=max_payload_bytes,
+                    observers=observers,
+                )
+            finally:
+                if running.lost:
+                    outcomes.lease_lost(running)
+                slots.give(1)

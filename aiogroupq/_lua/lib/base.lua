@@ -102,6 +102,15 @@ local function task_field(id, field)
   return v
 end
 
+-- One command for many items (members, score-member pairs, fields), in
+-- chunks that unpack can take; *call* is redis.call or redis.pcall. A
+-- script collects what it adds to a key for its tasks and writes it once.
+local function call_many(call, cmd, key, items)
+  for i = 1, #items, 1000 do
+    call(cmd, key, unpack(items, i, math.min(i + 999, #items)))
+  end
+end
+
 -- Read a key with a command of its expected type.
 local function probe(key, kind)
   if kind == 'list' then return redis.pcall('LLEN', key) end
@@ -121,26 +130,39 @@ local function preflight(pairs_)
   return nil
 end
 
--- The queue's settings, read once per call (the conf hash is preflighted).
+-- The queue's settings, read once per call (the conf hash is preflighted,
+-- or read by read_conf, which checks its type in the same read).
 local CONF
-local function conf()
-  if not CONF then
-    local f = redis.call('HMGET', K_CONF, 'fair', 'pause', 'c', 'rn', 'rp', 'age', 'pu', 'gc', 'uq', 'parts')
-    CONF = {
-      drain = f[1] == 'drain',       -- a released group's next task goes first
-      paused = f[2] == '1',          -- nothing is claimed
-      conc = tonumber(f[3]) or 1,    -- default concurrency of a group
-      rn = tonumber(f[4]),           -- default rate: rn starts per rp ms
-      rp = tonumber(f[5]),
-      age = tonumber(f[6]),          -- priority aging, ms per level
-      prio = f[7] == '1',            -- priorities are in use: pready holds the ready tasks
-      gconf = f[8] == '1',           -- some group has settings of its own
-      unique = f[9] == '1',          -- some task used unique deduplication
-      parts = f[10],                 -- the queue's partitions: nil (one), "K",
-                                     -- or "K>K'" while repartitioning to K'
-    }
-  end
+local function parse_conf(f)
+  CONF = {
+    drain = f[1] == 'drain',       -- a released group's next task goes first
+    paused = f[2] == '1',          -- nothing is claimed
+    conc = tonumber(f[3]) or 1,    -- default concurrency of a group
+    rn = tonumber(f[4]),           -- default rate: rn starts per rp ms
+    rp = tonumber(f[5]),
+    age = tonumber(f[6]),          -- priority aging, ms per level
+    prio = f[7] == '1',            -- priorities are in use: pready holds the ready tasks
+    gconf = f[8] == '1',           -- some group has settings of its own
+    unique = f[9] == '1',          -- some task used unique deduplication
+    parts = f[10],                 -- the queue's partitions: nil (one), "K",
+                                   -- or "K>K'" while repartitioning to K'
+  }
   return CONF
+end
+local function conf_read(call)
+  return call('HMGET', K_CONF, 'fair', 'pause', 'c', 'rn', 'rp', 'age', 'pu', 'gc', 'uq', 'parts')
+end
+local function conf()
+  return CONF or parse_conf(conf_read(redis.call))
+end
+-- Read the settings before any write: nil, or the error reply for a conf
+-- key of another type (what preflight would say, in one command less).
+local function read_conf()
+  if CONF then return nil end
+  local f = conf_read(redis.pcall)
+  if wrong_type(f) then return corrupt(K_CONF, f.err) end
+  parse_conf(f)
+  return nil
 end
 
 -- What a call accumulates is written once, at its end: every script calls

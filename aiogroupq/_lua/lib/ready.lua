@@ -98,7 +98,7 @@ end
 -- Check the fixed keys a script that moves runnable tasks writes, plus
 -- *more* (key, type pairs): nil if all are usable, else the error reply.
 local function check_fixed(more)
-  local bad = preflight({ K_CONF, 'hash' }) -- before conf() reads it
+  local bad = read_conf()
   if bad then return bad end
   local keys = { K_READY, 'list', K_WAKE, 'list', K_STATS, 'hash',
     K_BACKLOG, 'zset', K_WAITING, 'zset' }

@@ -1,0 +1,239 @@
+"""One producer's enqueues, coalesced while one is on the wire.
+
+A call that finds nothing in flight is sent at once, in its caller's task:
+a lone or sequential enqueue waits for nothing. Calls made while one is in
+flight queue up, in call order, and go together as one script call (as
+many as fit in :data:`~.defaults.MAX_BATCH` tasks and the producer's
+``max_batch_bytes``; the rest in the next) once the wire is free: 100
+concurrent enqueues cost a few round trips, not 100. At most one call is in
+flight, so calls reach Redis in the order they were made, and tasks of one
+group keep that order.
+
+Each call keeps its own answer. A refusal that names one task (its group is
+full or damaged) goes to the call that task came from, and the others are
+sent again without it (the script is atomic: nothing of the refused call was
+written; a partitioned queue's parts that were written are found again by
+id, as with any re-send). A failure of the whole script call goes to every
+call in it, each with its own ids where the error carries ids
+(:class:`~aiogroupq.OutcomeUnknownError`,
+:class:`~aiogroupq.NotReplicatedError`). A call made of several tasks
+(``enqueue_many``) is never split: it goes whole, or is refused whole.
+
+A caller cancelled while its call waits is dropped before anything is sent;
+one cancelled once its call was sent may or may not have its tasks written,
+as with any cancelled enqueue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Final
+
+from ..errors import OutcomeUnknownError
+from .replies import GroupCorruptRefusal, GroupFullRefusal, NotReplicatedRefusal
+
+if TYPE_CHECKING:
+    from .scripts import NewTask
+
+#: what the sender raises about the tasks it was given (index into them)
+Refusal = GroupFullRefusal | GroupCorruptRefusal | NotReplicatedRefusal
+_REFUSALS: Final = (GroupFullRefusal, GroupCorruptRefusal, NotReplicatedRefusal)
+
+
+class _Call:
+    """One caller's tasks, waiting for the wire."""
+
+    __slots__ = ("future", "news", "size")
+
+    def __init__(self, news: list[NewTask], future: asyncio.Future[list[str]]) -> None:
+        self.news = news
+        self.future = future
+        #: what its tasks add to a script call, as enqueue_many counts it
+        self.size = sum(len(new.envelope) + len(new.identity) for new in news)
+
+    def fail(self, error: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(error)
+
+    def answer(self, ids: list[str]) -> None:
+        if not self.future.done():
+            self.future.set_result(ids)
+
+
+class Coalescer:
+    """Sends one producer's enqueues, at most one script call at a time.
+
+    :param send: sends tasks in one call and returns their ids; raises a
+        :data:`Refusal` whose index is into the tasks it was given, or any
+        failure of the call
+    :param public: the public error a refusal stands for, given the tasks
+        of the one call it concerns (its index is into them)
+    :param max_tasks: the most tasks one coalesced script call carries
+    :param max_bytes: the most bytes of envelopes one coalesced call carries
+        (a single call larger than that still goes, alone)
+    """
+
+    __slots__ = (
+        "_busy",
+        "_flusher",
+        "_max_bytes",
+        "_max_tasks",
+        "_public",
+        "_queue",
+        "_send",
+        "_sending",
+    )
+
+    def __init__(
+        self,
+        send: Callable[[Sequence[NewTask]], Awaitable[list[str]]],
+        public: Callable[[Refusal, Sequence[NewTask]], BaseException],
+        *,
+        max_tasks: int,
+        max_bytes: int,
+    ) -> None:
+        self._send = send
+        self._public = public
+        self._max_tasks = max_tasks
+        self._max_bytes = max_bytes
+        self._busy = False
+        self._queue: deque[_Call] = deque()
+        #: the queued calls on the wire now
+        self._sending: list[_Call] = []
+        self._flusher: asyncio.Task[None] | None = None
+
+    async def submit(self, news: list[NewTask]) -> list[str]:
+        """Enqueue *news* (one caller's tasks, atomically); return their ids.
+
+        :raises Exception: the public error of a refusal of these tasks, or
+            the failure of the script call that carried them
+        """
+        if self._busy:
+            call = _Call(news, asyncio.get_running_loop().create_future())
+            self._queue.append(call)
+            return await call.future
+        # Nothing in flight: sent now, in the caller's own task.
+        self._busy = True
+        try:
+            return await self._send(news)
+        except _REFUSALS as refusal:
+            raise self._public(refusal, news) from None
+        finally:
+            if self._queue:
+                self._flusher = asyncio.get_running_loop().create_task(self._flush())
+            else:
+                self._busy = False
+
+    async def aclose(self) -> None:
+        """Wait until the calls queued so far are answered."""
+        if self._flusher is not None:
+            await asyncio.shield(self._flusher)
+
+    async def _flush(self) -> None:
+        try:
+            while True:
+                if not self._queue:
+                    # The callers just answered run first: what they enqueue
+                    # next joins this round instead of starting a lone call.
+                    await asyncio.sleep(0)
+                    if not self._queue:
+                        return
+                self._sending = self._take()
+                await self._send_calls(self._sending)
+        except BaseException:
+            # Cancelled (the loop is closing): nobody answers the rest.
+            for call in (*self._sending, *self._queue):
+                call.future.cancel()
+            self._queue.clear()
+            raise
+        finally:
+            self._sending = []
+            self._busy = False
+            self._flusher = None
+
+    def _take(self) -> list[_Call]:
+        """The queued calls that fit in one script call, oldest first (a
+        caller cancelled while it waited is dropped: nothing was sent)."""
+        taken: list[_Call] = []
+        tasks = size = 0
+        queue = self._queue
+        while queue:
+            call = queue[0]
+            if call.future.done():
+                queue.popleft()
+                continue
+            if taken and (
+                tasks + len(call.news) > self._max_tasks
+                or size + call.size > self._max_bytes
+            ):
+                break
+            queue.popleft()
+            taken.append(call)
+            tasks += len(call.news)
+            size += call.size
+        return taken
+
+    async def _send_calls(self, calls: list[_Call]) -> None:
+        """Send *calls* in one script call and answer each; a call refused
+        on its own is answered and the rest sent again."""
+        while calls:
+            news = [new for call in calls for new in call.news]
+            try:
+                ids = await self._send(news)
+            except (GroupFullRefusal, GroupCorruptRefusal) as refusal:
+                call, first = _owner(calls, refusal.index)
+                call.fail(self._public(_shifted(refusal, first), call.news))
+                calls.remove(call)
+                continue
+            except NotReplicatedRefusal as refusal:
+                # Written on the primary, every call of it: each learns its ids.
+                for call, part in _parts(calls, refusal.ids):
+                    call.fail(
+                        self._public(NotReplicatedRefusal(part, refusal.acked), [])
+                    )
+                return
+            except OutcomeUnknownError as exc:
+                for call, part in _parts(calls, [new.id for new in news]):
+                    own = OutcomeUnknownError(part, exc.detail)
+                    own.__cause__ = exc.__cause__
+                    call.fail(own)
+                return
+            except Exception as exc:  # noqa: BLE001 - each caller raises it
+                for call in calls:
+                    call.fail(exc)
+                return
+            for call, part in _parts(calls, ids):
+                call.answer(part)
+            return
+
+
+def _owner(calls: list[_Call], index: int) -> tuple[_Call, int]:
+    """The call holding task *index* of their script call, and the index of
+    its first task there."""
+    first = 0
+    for call in calls:
+        if index < first + len(call.news):
+            return call, first
+        first += len(call.news)
+    raise IndexError(index)
+
+
+def _parts(calls: list[_Call], ids: list[str]) -> list[tuple[_Call, list[str]]]:
+    """Each call with its slice of *ids* (one per task, in order)."""
+    out = []
+    first = 0
+    for call in calls:
+        stop = first + len(call.news)
+        out.append((call, ids[first:stop]))
+        first = stop
+    return out
+
+
+def _shifted(
+    refusal: GroupFullRefusal | GroupCorruptRefusal, first: int
+) -> GroupFullRefusal | GroupCorruptRefusal:
+    if isinstance(refusal, GroupFullRefusal):
+        return GroupFullRefusal(refusal.index - first, refusal.live, refusal.cap)
+    return GroupCorruptRefusal(refusal.index - first)
