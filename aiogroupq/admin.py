@@ -273,13 +273,29 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
                 "" if priority is None else priority,
             )
 
+    async def _hash_fields(self, key: str, what: str) -> dict[str, str]:
+        """The fields of the settings hash *key*; one of another type is a
+        :class:`~aiogroupq.CorruptQueueError` saying *what* is lost."""
+        client = self._open_client()
+        try:
+            raw: Any = await client.hgetall(key)
+        except ResponseError as exc:
+            if not is_wrong_type(exc):
+                raise
+            raise await corrupt_key(client, key, "hash", what) from None
+        return {bytes(k).decode(): bytes(v).decode() for k, v in raw.items()}
+
     @unavailable_as_error
     async def group_settings(self, group: str) -> GroupSettings:
-        """A group's own settings (all ``None`` if it has none)."""
+        """A group's own settings (all ``None`` if it has none).
+
+        :raises CorruptQueueError: if its settings hash holds another type
+        """
         name = _group_name(group)
         keys = (await self._current()).of_group(name)[-1]
-        raw: Any = await self._open_client().hgetall(keys.group_conf(name))
-        fields = {bytes(k).decode(): bytes(v).decode() for k, v in raw.items()}
+        fields = await self._hash_fields(
+            keys.group_conf(name), f"the settings of group {name!r} cannot be read"
+        )
         rate: Rate | Literal[False] | None = None
         if "rn" in fields:
             rate = _read_rate(fields["rn"], fields.get("rp")) or False
@@ -396,16 +412,7 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
 
         :raises CorruptQueueError: if its ``conf`` hash holds another type
         """
-        client = self._open_client()
-        try:
-            raw: Any = await client.hgetall(self._keys.conf)
-        except ResponseError as exc:
-            if not is_wrong_type(exc):
-                raise
-            raise await corrupt_key(
-                client, self._keys.conf, "hash", UNREADABLE
-            ) from None
-        fields = {bytes(k).decode(): bytes(v).decode() for k, v in raw.items()}
+        fields = await self._hash_fields(self._keys.conf, UNREADABLE)
         aging = _int_or_none(fields.get("age"))
         group_rate = None
         if "rn" in fields:

@@ -329,3 +329,18 @@ async def test_the_dashboard_names_the_damage(
                 print(path, page.status_code)  # noqa: T201
                 assert page.status_code == 500, path
                 assert "Damaged queue" in page.text, path
+
+
+async def test_a_damaged_group_settings_key_is_a_typed_error(
+    redis_client: redis.asyncio.Redis,
+) -> None:
+    key = QueueKeys(QUEUE).group_conf("g0")
+    async with aiogroupq.Admin(redis_client, queue=QUEUE) as admin:
+        await admin.set_group("g0", concurrency=2)
+        await redis_client.delete(key)
+        await redis_client.set(key, "c=2")
+        with pytest.raises(CorruptQueueError) as caught:
+            await admin.group_settings("g0")
+    print(f"group_settings: {caught.value}")  # noqa: T201
+    assert caught.value.key == key
+    assert "aiogroupq check --repair" in str(caught.value)

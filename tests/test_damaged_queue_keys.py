@@ -253,3 +253,49 @@ async def test_a_consumer_logs_a_task_whose_group_field_was_changed(
     assert line, lines
     assert "group g " in line[0], line
     assert "check --repair" in line[0], line
+
+
+async def test_a_repaired_lease_stays_with_its_live_holder(
+    redis_client: redis.asyncio.Redis,
+) -> None:
+    # The repair of a damaged leases key gives a running task a lease of its
+    # holder's length: a consumer that never met the damage (idle, blocked
+    # on the wake list) must not recover it while its holder still runs it.
+    release = anyio.Event()
+    starts: list[str] = []
+
+    async def hold(tag: str) -> None:
+        starts.append(tag)
+        if tag == "held":
+            await release.wait()
+
+    handlers = {"t": hold}
+    async with (
+        aiogroupq.Producer(redis_client, queue=QUEUE) as producer,
+        aiogroupq.Consumer(
+            redis_client, queue=QUEUE, handlers=handlers, concurrency=1, lease_ttl=10
+        ),
+    ):
+        held = await producer.enqueue("t", "held", group="g")
+        with anyio.fail_after(10):
+            while starts != ["held"]:
+                await anyio.sleep(0.01)
+        async with aiogroupq.Consumer(
+            redis_client, queue=QUEUE, handlers=handlers, concurrency=1
+        ):
+            await anyio.sleep(0.2)  # the second one is idle, blocked on wake
+            await _damage._replace(redis_client, KEYS.leases, "zset")
+            assert await aiogroupq.repair_queue(redis_client, QUEUE)
+            # Wake the idle one: its claim would recover an expired lease.
+            await producer.enqueue("t", "other", group="h")
+            with anyio.fail_after(10):
+                while "other" not in starts:
+                    await anyio.sleep(0.01)
+            await anyio.sleep(0.5)
+            print(f"runs while the holder still ran: {starts}")  # noqa: T201
+            assert starts.count("held") == 1
+            release.set()
+            with anyio.fail_after(10):
+                while await producer.status(held) is not aiogroupq.TaskState.SUCCEEDED:
+                    await anyio.sleep(0.02)
+    assert starts.count("held") == 1

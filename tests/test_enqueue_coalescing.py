@@ -13,7 +13,14 @@ import pytest
 import redis.asyncio
 
 import aiogroupq
-from aiogroupq import Admin, GroupFullError, OutcomeUnknownError, Producer, Task
+from aiogroupq import (
+    Admin,
+    GroupFullError,
+    OutcomeUnknownError,
+    Producer,
+    RedisUnavailableError,
+    Task,
+)
 from aiogroupq._store import routing
 from aiogroupq._store.coalesce import Coalescer, Refusal
 from aiogroupq._store.keys import QueueKeys
@@ -234,3 +241,59 @@ def _new(task_id: str) -> NewTask:
         max_attempts=1,
         dedup_key=None,
     )
+
+
+async def test_calls_queued_behind_an_unanswered_call_fail_at_once() -> None:
+    # Nothing of them was sent: they need not wait out budgets of their own.
+    sent: list[int] = []
+    gate = asyncio.Event()
+
+    async def send(news: Sequence[NewTask]) -> list[str]:
+        sent.append(len(news))
+        await gate.wait()
+        raise OutcomeUnknownError([n.id for n in news], "no reply")
+
+    def public(refusal: Refusal, news: Sequence[NewTask]) -> BaseException:
+        raise AssertionError(refusal)
+
+    lane = Coalescer(send, public, max_tasks=1000, max_bytes=10**6)
+    first = asyncio.ensure_future(lane.submit([_new("a")]))
+    await asyncio.sleep(0)
+    rest = [asyncio.ensure_future(lane.submit([_new(x)])) for x in "bc"]
+    await asyncio.sleep(0)
+    gate.set()
+    with pytest.raises(OutcomeUnknownError):
+        await first
+    errors = await _all(rest)
+    assert sent == [1]
+    assert [type(e) for e in errors] == [RedisUnavailableError] * 2
+
+
+async def test_a_cancelled_caller_keeps_the_lane_until_its_call_ends() -> None:
+    # Its request may still run: nothing may overtake it, and closing waits.
+    log: list[str] = []
+    gate = asyncio.Event()
+
+    async def send(news: Sequence[NewTask]) -> list[str]:
+        log.append(f"start {news[0].id}")
+        if news[0].id == "a":
+            await gate.wait()
+        log.append(f"end {news[0].id}")
+        return [n.id for n in news]
+
+    def public(refusal: Refusal, news: Sequence[NewTask]) -> BaseException:
+        raise AssertionError(refusal)
+
+    lane = Coalescer(send, public, max_tasks=1000, max_bytes=10**6)
+    first = asyncio.ensure_future(lane.submit([_new("a")]))
+    await asyncio.sleep(0)
+    first.cancel()
+    second = asyncio.ensure_future(lane.submit([_new("b")]))
+    closed = asyncio.ensure_future(lane.aclose())
+    await asyncio.sleep(0.01)
+    assert log == ["start a"]
+    assert not closed.done()
+    gate.set()
+    assert await second == ["b"]
+    await closed
+    assert log == ["start a", "end a", "start b", "end b"]

@@ -136,6 +136,30 @@ async def test_a_stopped_handler_leaves_no_cancellation_behind() -> None:
     assert [o.kind for o in submitted] == ["cancel"]
 
 
+async def test_a_stop_before_the_start_leaves_the_worker_running() -> None:
+    # Stopped while it waited for a worker (lease lost, cancel requested),
+    # a handler that returns without awaiting must not leave a cancellation
+    # behind for the worker's next await (the whole consumer would stop).
+    submitted: list[_scripts.Outcome] = []
+
+    async def handler() -> None:
+        pass
+
+    running = running_of("t")
+    running.request_cancel()
+    with anyio.fail_after(5):
+        await run_task(
+            running,
+            build_routes({"t": handler}),
+            RetryPolicy(1.0, 1.0),
+            lambda outcome, _notice: submitted.append(outcome),
+            max_payload_bytes=1024,
+        )
+        await asyncio.sleep(0)  # raised CancelledError before the fix
+        await asyncio.sleep(0.01)
+    assert len(submitted) == 1
+
+
 async def test_waiting_tasks_get_a_worker_each_when_their_handlers_await() -> None:
     # One worker is woken per put; each wakes the next as it takes a task,
     # so handlers that await still run side by side.

@@ -29,9 +29,12 @@
                           park:<g>, held:<g>, inflight:<c>) and in any other
                           wrong one are removed; a lost task goes back (a
                           queued one of a group's line before *pivot*, ""
-                          for the tail; a running one with an expired lease,
-                          so the next claim recovers it); a task that does
-                          not exist loses its entries in the places named.
+                          for the tail; a running one with a lease of its
+                          holder's length when the holder is registered
+                          here, so a live holder renews it and a dead one's
+                          runs out, else an expired one, so the next claim
+                          recovers it); a task that does not exist loses its
+                          entries in the places named.
                           Lists are searched only where the check saw an
                           entry, or, to tell whether a task is lost, among
                           the 10,000 entries at each end of a longer list
@@ -237,8 +240,14 @@ local function place(id, pivot, labels)
     remove(right, id, true)
   end
   if lost then
-    if right == 'leases' then -- already expired: the next claim recovers it
-      redis.call('ZADD', K_LEASES, 0, id)
+    if right == 'leases' then
+      -- A fresh lease of its holder's length, where the holder is registered
+      -- in this partition: alive, it renews it as ever (no other consumer
+      -- may run the task meanwhile); dead, it runs out as after a crash.
+      -- Not known here: already expired, the next claim recovers it.
+      local ttl = c and redis.pcall('HGET', PREFIX .. 'cinfo:' .. c, 'ttl')
+      ttl = type(ttl) == 'string' and tonumber(ttl) or nil
+      redis.call('ZADD', K_LEASES, ttl and now_ms() + ttl or 0, id)
     elseif right == 'delayed' then
       redis.call('ZADD', K_DELAYED, math.max(tonumber(f[4]) or 0, now_ms()), id)
       readied = readied + 1 -- fetchers recompute their timers

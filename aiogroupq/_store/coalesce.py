@@ -28,10 +28,10 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Final
+from collections.abc import Callable, Coroutine, Sequence
+from typing import TYPE_CHECKING, Any, Final
 
-from ..errors import OutcomeUnknownError
+from ..errors import OutcomeUnknownError, RedisUnavailableError
 from .replies import GroupCorruptRefusal, GroupFullRefusal, NotReplicatedRefusal
 
 if TYPE_CHECKING:
@@ -78,6 +78,7 @@ class Coalescer:
     __slots__ = (
         "_busy",
         "_flusher",
+        "_idle",
         "_max_bytes",
         "_max_tasks",
         "_public",
@@ -88,7 +89,7 @@ class Coalescer:
 
     def __init__(
         self,
-        send: Callable[[Sequence[NewTask]], Awaitable[list[str]]],
+        send: Callable[[Sequence[NewTask]], Coroutine[Any, Any, list[str]]],
         public: Callable[[Refusal, Sequence[NewTask]], BaseException],
         *,
         max_tasks: int,
@@ -103,6 +104,9 @@ class Coalescer:
         #: the queued calls on the wire now
         self._sending: list[_Call] = []
         self._flusher: asyncio.Task[None] | None = None
+        #: set while nothing is on the wire or queued (aclose waits for it)
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     async def submit(self, news: list[NewTask]) -> list[str]:
         """Enqueue *news* (one caller's tasks, atomically); return their ids.
@@ -110,26 +114,47 @@ class Coalescer:
         :raises Exception: the public error of a refusal of these tasks, or
             the failure of the script call that carried them
         """
+        loop = asyncio.get_running_loop()
         if self._busy:
-            call = _Call(news, asyncio.get_running_loop().create_future())
+            call = _Call(news, loop.create_future())
             self._queue.append(call)
             return await call.future
-        # Nothing in flight: sent now, in the caller's own task.
+        # Nothing in flight: sent now. In a task of its own, and the lane
+        # busy until it is answered, even when its caller is cancelled: a
+        # request on the wire may still run, and nothing may overtake it.
         self._busy = True
+        self._idle.clear()
+        sent = loop.create_task(self._send(news))
+        sent.add_done_callback(self._after_direct)
         try:
-            return await self._send(news)
+            return await asyncio.shield(sent)
         except _REFUSALS as refusal:
             raise self._public(refusal, news) from None
-        finally:
-            if self._queue:
-                self._flusher = asyncio.get_running_loop().create_task(self._flush())
-            else:
-                self._busy = False
+
+    def _after_direct(self, sent: asyncio.Task[list[str]]) -> None:
+        if not sent.cancelled() and isinstance(sent.exception(), RedisUnavailableError):
+            self._fail_queued(sent.exception())
+        if self._queue:
+            self._flusher = asyncio.get_running_loop().create_task(self._flush())
+        else:
+            self._go_idle()
 
     async def aclose(self) -> None:
-        """Wait until the calls queued so far are answered."""
-        if self._flusher is not None:
-            await asyncio.shield(self._flusher)
+        """Wait until the calls sent or queued so far are answered."""
+        while self._busy:
+            await self._idle.wait()
+
+    def _go_idle(self) -> None:
+        self._busy = False
+        self._idle.set()
+
+    def _fail_queued(self, error: BaseException | None) -> None:
+        """Redis did not answer the call on the wire within its budget: the
+        calls queued behind it, not sent, fail now (nothing of them was
+        written) instead of each waiting out a budget of its own."""
+        assert isinstance(error, RedisUnavailableError)
+        while self._queue:
+            self._queue.popleft().fail(RedisUnavailableError(error.detail))
 
     async def _flush(self) -> None:
         try:
@@ -142,16 +167,21 @@ class Coalescer:
                         return
                 self._sending = self._take()
                 await self._send_calls(self._sending)
-        except BaseException:
-            # Cancelled (the loop is closing): nobody answers the rest.
-            for call in (*self._sending, *self._queue):
-                call.future.cancel()
+        except BaseException as exc:
+            # Cancelled (the loop is closing), or a failure of our own: every
+            # call left hears of it (one already sent may have been written).
+            left = (*self._sending, *self._queue)
             self._queue.clear()
+            for call in left:
+                if isinstance(exc, Exception):
+                    call.fail(exc)
+                else:
+                    call.future.cancel()
             raise
         finally:
             self._sending = []
-            self._busy = False
             self._flusher = None
+            self._go_idle()
 
     def _take(self) -> list[_Call]:
         """The queued calls that fit in one script call, oldest first (a
@@ -199,10 +229,13 @@ class Coalescer:
                     own = OutcomeUnknownError(part, exc.detail)
                     own.__cause__ = exc.__cause__
                     call.fail(own)
+                self._fail_queued(exc)
                 return
             except Exception as exc:  # noqa: BLE001 - each caller raises it
                 for call in calls:
                     call.fail(exc)
+                if isinstance(exc, RedisUnavailableError):
+                    self._fail_queued(exc)
                 return
             for call, part in _parts(calls, ids):
                 call.answer(part)

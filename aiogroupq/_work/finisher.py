@@ -109,7 +109,9 @@ class Finisher:
                     for keys, outcomes in parts.items():
                         tg.start_soon(send, keys, outcomes)
             del self._pending[: len(batch)]
-            self._pending[:0] = failed
+            # Behind what came meanwhile: a partition refused for a damaged
+            # key must not fill every next batch and hold back the others.
+            self._pending.extend(failed)
         for outcome, code in done:
             self._on_done(outcome, code)
         return not failed

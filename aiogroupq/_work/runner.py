@@ -97,7 +97,7 @@ class Running:
         # timer that stops it at the earlier of that and the lease deadline.
         self._task: asyncio.Task[Any] | None = None
         self._until = math.inf
-        self._handle: asyncio.TimerHandle | None = None
+        self._handle: asyncio.Handle | None = None
         self._when = math.inf
 
     def extend(self, deadline: float) -> None:
@@ -133,7 +133,10 @@ class Running:
         if timeout is not None:
             self._until = task.get_loop().time() + timeout
         if self.lost or self.cancel_requested:
-            self._stop("lease")
+            # From the loop, not here: a task that cancels itself keeps the
+            # request even when the handler returns without awaiting
+            # (Python 3.11/3.12), and its worker's next await would raise.
+            self._handle = task.get_loop().call_soon(self._stop, "lease")
         else:
             self._arm()
 
@@ -510,6 +513,9 @@ async def _run(
     else:
         running.end(cancelled=False)
     finally:
+        # Ended already on every path above; a BaseException none of them
+        # takes must not leave the stop timer armed for the next task.
+        running.end(cancelled=True)
         running.frame = None
         _current.reset(context_token)
     running.duration = time.perf_counter() - started
