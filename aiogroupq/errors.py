@@ -325,7 +325,7 @@ class OutcomeUnknownError(RedisUnavailableError):
 
     Enqueueing the same tasks again would give them new ids, and so could
     write them twice: first ask :meth:`~aiogroupq.Producer.status_many` for
-    :attr:`task_ids` once Redis answers (``None``: not written), or give the
+    ``task_ids`` once Redis answers (``None``: not written), or give the
     tasks a ``dedup_key``, which makes a second enqueue return the first ids.
 
     :ivar task_ids: the ids the tasks were sent with, in the call's order
