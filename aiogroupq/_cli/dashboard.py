@@ -15,6 +15,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Final
 
+from .._dashboard._hosts import LOOPBACK
 from .._store.keys import validate_queue_name
 from ..errors import ConfigurationError, MissingExtraError
 
@@ -23,7 +24,6 @@ if TYPE_CHECKING:
 
 _QUEUE_ENV: Final = "AIOGROUPQ_QUEUE"
 #: the names of the loopback, allowed as Host when it listens there
-_LOOPBACK: Final = ("localhost", "127.0.0.1", "::1")
 
 
 def add_command(
@@ -199,5 +199,5 @@ def allowed_hosts(bound: str, given: list[str]) -> list[str]:
         loopback, everywhere = address.is_loopback, address.is_unspecified
     hosts = [] if everywhere or not bound else [bound]
     if loopback or everywhere or not bound:
-        hosts += [h for h in _LOOPBACK if h not in hosts]
+        hosts += [h for h in LOOPBACK if h not in hosts]
     return hosts + [h for h in given if h not in hosts]

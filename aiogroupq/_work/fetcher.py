@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
-from redis.exceptions import ResponseError
 
 from .._store import layout as _layout, scripts as _scripts
 from .._store.connection import REDIS_FAILURES, socket_timeout
 from .._store.defaults import START_WINDOW
+from .._store.wrongtype import is_wrong_type
 from ..errors import ConfigurationError, CorruptQueueError, QueueFullError
 from .damage import PROBE, DamageWatch
 from .leases import local_lease
@@ -456,7 +456,7 @@ class Fetcher:
         try:
             await client.blpop([self.keys.wake], timeout=max(timeout, 0.01) + 0.1)
         except REDIS_FAILURES as exc:
-            if isinstance(exc, ResponseError) and str(exc).startswith("WRONGTYPE"):
+            if is_wrong_type(exc):
                 # The wake list holds another type: the next claim is refused
                 # too, and says the same.
                 damage = CorruptQueueError(self.keys.wake, str(exc))
