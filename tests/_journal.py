@@ -30,12 +30,16 @@ from typing import Literal, Protocol
 import anyio
 import msgspec
 import redis.asyncio
+import redis.exceptions
 from redis.asyncio.cluster import RedisCluster
 
 import aiogroupq
+from aiogroupq._store.connection import cluster_glitches
 from aiogroupq.testing._journal import GroupWatch
 
 JOURNAL_KEY = "test:journal"
+#: sends of one record before its error stands (see Journal.record)
+_RECORD_TRIES = 5
 
 # KEYS: clock, journal list, set of task numbers whose handler returned.
 # ARGV: the record (JSON without the clock), the task number to add to the
@@ -172,11 +176,20 @@ class Journal:
         # A unique id per record: a client that sends the script again after
         # a lost reply (redis-py's cluster client re-sends after a connection
         # error) must not journal one start twice.
-        clock = await self._append(
-            keys=self._keys,
-            args=(msgspec.json.encode(record), done, secrets.token_hex(8)),
-        )
-        return int(clock)
+        args = (msgspec.json.encode(record), done, secrets.token_hex(8))
+        # A cluster client may close a connection this call is writing to
+        # (redis-py re-initialising its nodes); on Python 3.13 that write
+        # fails inside asyncio, out of redis-py's own retry. The id makes a
+        # re-send harmless; a lost record would read as a run with no end.
+        for attempt in range(_RECORD_TRIES):
+            try:
+                with cluster_glitches():
+                    return int(await self._append(keys=self._keys, args=args))
+            except redis.exceptions.ConnectionError:
+                if attempt == _RECORD_TRIES - 1:
+                    raise
+                await anyio.sleep(0.05)
+        raise AssertionError("unreachable")
 
     @asynccontextmanager
     async def run(self, job: Job) -> AsyncIterator[aiogroupq.TaskInfo]:

@@ -44,7 +44,10 @@ GROUPS: Final = 6
 PER_GROUP: Final = 5
 UNGROUPED: Final = 6
 #: each handler's run: long enough that some finish while the key is damaged
-SLEEP_MS: Final = 120
+SLEEP_MS: Final = 200
+#: the key is damaged while a handler that started at most this long ago
+#: runs, so some run on into the damage however loaded the machine is
+FRESH_MS: Final = 60
 #: how long the key stays damaged
 DAMAGED_FOR: Final = 1.0
 #: consumers sharing the queue (each of its own name, as separate processes)
@@ -91,6 +94,28 @@ async def consumers(
         stop.set()
 
 
+async def mid_run(client: redis.asyncio.Redis, journal: Journal, done: int) -> None:
+    """Wait until *done* handlers returned and one that started less than
+    :data:`FRESH_MS` ago is still running."""
+    # Handlers start in waves; waiting for a count of done tasks alone can
+    # land between two waves, when nothing runs (under load, the next claim
+    # comes after the damage and no handler finishes while it lasts).
+    while True:
+        entries = await journal.entries()
+        ended = {(e.task_id, e.attempt) for e in entries if e.event == "end"}
+        seconds, micros = await client.time()
+        now_ms = seconds * 1000 + micros // 1000
+        fresh = any(
+            e.event == "start"
+            and (e.task_id, e.attempt) not in ended
+            and now_ms - e.started_ms < FRESH_MS
+            for e in entries
+        )
+        if fresh and len(ended) >= done:
+            return
+        await anyio.sleep(0.005)
+
+
 def damage_lines(caplog: pytest.LogCaptureFixture, key: str) -> list[str]:
     return [
         r.getMessage()
@@ -123,7 +148,7 @@ async def test_a_running_consumer_outlives_a_damaged_queue_key(
         ids = await producer.enqueue_many(tasks)
         async with consumers(redis_client, journal) as runs:
             with anyio.fail_after(10):
-                await journal.wait_done(4)  # under way: some done, some running
+                await mid_run(redis_client, journal, 4)
             await _damage.wrong_type(name)(_damage.Queue(redis_client))
             damaged_at = time.monotonic()
             done_before = await journal.done_count()

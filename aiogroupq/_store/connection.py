@@ -20,6 +20,7 @@ import inspect
 import os
 import random
 import re
+import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Final, TypeVar
@@ -47,6 +48,8 @@ client) or a client to borrow."""
 
 #: what a failing Redis call may raise: redis-py's errors, socket errors, and
 #: a cluster client's own (no reachable node, a slot no node serves)
+#: asyncio's own modules, whose frames say nothing of who called them
+_ASYNCIO_DIR: Final = os.path.dirname(asyncio.__file__) + os.sep
 REDIS_FAILURES: Final = (rexc.RedisError, OSError, rexc.RedisClusterException)
 
 #: URL schemes of a Redis Cluster (seed nodes, comma-separated)
@@ -164,14 +167,17 @@ def socket_timeout(client: Client) -> float | None:
 
 
 def _inside_redis_py(exc: BaseException) -> bool:
-    """Whether *exc* was raised by redis-py's own code (its innermost frame
-    is in the ``redis`` package), not by ours or the caller's."""
-    tb = exc.__traceback__
-    if tb is None:
-        return False
-    while tb.tb_next is not None:
-        tb = tb.tb_next
-    return f"{os.sep}redis{os.sep}" in tb.tb_frame.f_code.co_filename
+    """Whether *exc* was raised by redis-py's own code, not by ours or the
+    caller's: its innermost frame outside asyncio's transports is in the
+    ``redis`` package. (Python 3.13's ``writelines`` on a connection that was
+    lost fails inside asyncio itself, CPython issue 136234, called from
+    redis-py.)"""
+    for frame, _ in reversed(list(traceback.walk_tb(exc.__traceback__))):
+        filename = frame.f_code.co_filename
+        if filename.startswith(_ASYNCIO_DIR):
+            continue
+        return f"{os.sep}redis{os.sep}" in filename
+    return False
 
 
 @contextmanager

@@ -38,6 +38,12 @@ empty. The rules, each a figure of the report:
   even if its last write landed just before: its re-run is explained.
 - **journal**: the run whose token the task's hash records as applied has a
   fresh start and a fresh E; every run ends; each sequence number has one id.
+  With ``lossy_restarts`` (the server's AOF is fsynced once a second), a
+  restart may lose the journal's last acknowledged lines, while a consumer's
+  unanswered call sent again after the restart lands: a run with no end
+  line whose process lived on ends at the first restart after its start
+  (``L``, and its task's success by its token stands), and a line of a
+  token whose start was lost is counted, not judged (``lost_lines``).
 
 Figures: recovery time after each kill of a run's process until its task
 starts again (server ms), whether it was the first task of its group to start
@@ -106,7 +112,9 @@ class Run:
     name: str
     start: Event
     end: Event | None = None
-    end_kind: str = "?"  # E F C, K (killed while open), ? (never ended)
+    # E F C, K (killed while open), L (end line lost with a restart), ? (never
+    # ended)
+    end_kind: str = "?"
     end_clock: int = INF
     end_ms: int = INF
     # A cancellation recorded after the run's end line: the handler was
@@ -115,7 +123,10 @@ class Run:
 
     @property
     def completed(self) -> bool:
-        """Ended with a fresh E: its success would have been applied."""
+        """Ended with a fresh E: its success would have been applied. (A run
+        whose end line a restart lost is judged by what the queue applied.)"""
+        if self.end_kind == "L":
+            return True
         return self.end is not None and self.end_kind == "E" and self.end.fresh
 
     def describe(self) -> str:
@@ -167,6 +178,7 @@ class Verdict:
     reruns: Counter[str] = field(default_factory=Counter)
     faults: Counter[str] = field(default_factory=Counter)
     stale_writes: int = 0
+    lost_lines: int = 0
     fenced_runs: int = 0
     recovery_same: list[float] = field(default_factory=list)
     recovery_new: list[float] = field(default_factory=list)
@@ -278,7 +290,7 @@ def _windows(events: list[Event]) -> _Windows:
     return w
 
 
-def _runs(events: list[Event], w: _Windows, v: Verdict) -> dict[str, Run]:
+def _runs(events: list[Event], w: _Windows, v: Verdict, lossy: bool) -> dict[str, Run]:
     runs: dict[str, Run] = {}
     for e in events:
         if e.kind not in RUN_KINDS:
@@ -304,7 +316,9 @@ def _runs(events: list[Event], w: _Windows, v: Verdict) -> dict[str, Run]:
             continue
         run = runs.get(token)
         if run is None:
-            if e.kind != "C":  # a cancellation may precede its start's write
+            if lossy and w.restarts:
+                v.lost_lines += 1  # its start line may be what a restart lost
+            elif e.kind != "C":  # a cancellation may precede its start's write
                 v.journal.append(f"{e.kind} of token {token} (task {seq}) not started")
             continue
         if e.kind == "C" and not run.cancel_clock:
@@ -318,8 +332,12 @@ def _runs(events: list[Event], w: _Windows, v: Verdict) -> dict[str, Run]:
         kill = next(
             (k for k in w.kills.get(run.pid, ()) if k.clock > run.start.clock), None
         )
+        restart = next((down for down, _ in w.restarts if down > run.start.clock), None)
         if kill is not None:
             run.end_kind, run.end_clock, run.end_ms = "K", kill.clock, kill.ms
+        elif lossy and restart is not None:
+            run.end_kind, run.end_clock = "L", restart
+            v.lost_lines += 1
         else:
             v.journal.append(f"run never ended: {run.describe()}")
     return runs
@@ -355,15 +373,19 @@ def judge(
     lines: Iterable[bytes | str],
     specs: Mapping[int, Spec],
     finals: Mapping[str, Outcome],
+    *,
+    lossy_restarts: bool = False,
 ) -> Verdict:
-    """Check one run's journal; see the module's docstring for the rules."""
+    """Check one run's journal; see the module's docstring for the rules.
+    *lossy_restarts*: the server's AOF is fsynced once a second, so a restart
+    may lose acknowledged journal lines."""
     events = parse(lines)
     v = Verdict(enqueued=len(specs))
     w = _windows(events)
     for e in events:
         if e.kind not in RUN_KINDS and e.arg != "final":
             v.faults[e.kind] += 1
-    runs = _runs(events, w, v)
+    runs = _runs(events, w, v, lossy_restarts)
     v.runs = len(runs)
 
     by_task: dict[str, list[Run]] = defaultdict(list)
@@ -385,7 +407,9 @@ def judge(
             continue
         v.succeeded += 1
         applied = runs.get(final.applied_token or "")
-        if applied is None or applied.task_id != spec.task_id:
+        if applied is None and lossy_restarts and w.restarts:
+            v.lost_lines += 1  # the run's start line went with a restart
+        elif applied is None or applied.task_id != spec.task_id:
             v.journal.append(
                 f"task {seq} succeeded with token {final.applied_token}, "
                 "which never started it"
@@ -580,6 +604,11 @@ def _classify_overlap(
     if a.end_kind == "K":
         v.overlaps.append(
             f"{b.describe()} started while {a.describe()} was open until its kill"
+        )
+    elif a.end_kind == "L":
+        v.overlaps.append(
+            f"{b.describe()} started while {a.describe()} was open (its end line "
+            "went with a restart)"
         )
     elif a.end is None:
         v.overlaps.append(f"{b.describe()} started while {a.describe()} never ended")

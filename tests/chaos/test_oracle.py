@@ -45,8 +45,8 @@ class History:
     def done(self, seq: int, token: int, state: str = "succeeded") -> None:
         self.finals[f"t{seq}"] = Outcome(state, str(token))
 
-    def judge(self) -> Verdict:
-        return judge(self.lines, self.specs, self.finals)
+    def judge(self, *, lossy_restarts: bool = False) -> Verdict:
+        return judge(self.lines, self.specs, self.finals, lossy_restarts=lossy_restarts)
 
 
 def _two_in_a_group() -> History:
@@ -349,3 +349,57 @@ def test_records_held_up_by_a_stalled_redis_land_late_together() -> None:
     v = h.judge()
     assert v.violations == []
     assert v.fenced_overlaps["late cancellation record"] == 1
+
+
+def _end_lost_with_a_restart() -> History:
+    """Task 0's end line went with a restart (AOF fsynced once a second);
+    its finish, sent again after the restart, landed; task 1 of its group
+    started after."""
+    h = _two_in_a_group()
+    h.run("S", 0, 1)
+    h.mark("RD")
+    h.mark("RU")
+    h.run("S", 1, 2)
+    h.run("E", 1, 2)
+    h.done(0, 1)
+    h.done(1, 2)
+    return h
+
+
+def test_an_end_line_lost_with_a_restart_is_counted_when_restarts_may_lose() -> None:
+    v = _end_lost_with_a_restart().judge(lossy_restarts=True)
+    assert v.violations == []
+    assert v.lost_lines == 1
+
+
+def test_an_end_line_missing_after_a_restart_is_flagged_when_nothing_is_lost() -> None:
+    v = _end_lost_with_a_restart().judge()
+    assert any("never ended" in x for x in v.journal)
+    assert len(v.overlaps) == 1
+
+
+def test_a_group_started_before_the_restart_that_lost_an_end_is_an_overlap() -> None:
+    h = _two_in_a_group()
+    h.run("S", 0, 1)
+    h.run("S", 1, 2)  # before the restart: task 0 was still open
+    h.mark("RD")
+    h.mark("RU")
+    h.run("E", 1, 2)
+    h.done(0, 1)
+    h.done(1, 2)
+    v = h.judge(lossy_restarts=True)
+    assert any("went with a restart" in x for x in v.overlaps)
+
+
+def test_a_line_of_a_token_whose_start_was_lost_is_counted_when_restarts_may_lose() -> (
+    None
+):
+    h = History()
+    h.task(0, None, 0)
+    h.mark("RD")
+    h.mark("RU")
+    h.run("E", 0, 1)
+    h.done(0, 1)
+    assert h.judge(lossy_restarts=True).violations == []
+    assert h.judge(lossy_restarts=True).lost_lines == 2  # the E, and the success
+    assert len(h.judge().journal) == 2
