@@ -508,3 +508,15 @@ def test_lockouts_grow_per_address_and_all_addresses_share_a_budget() -> None:
     for _ in range(40):
         fresh.failed("z")
     assert fresh.retry_after("z") <= _throttle.MAX_LOCKOUT
+
+
+def test_a_guesser_that_never_stops_stays_locked_out_for_the_longest_lockout() -> None:
+    # Days of steady guessing: thousands of lockouts in a row; the doubling
+    # must stop at the bound instead of overflowing a float.
+    clock = Clock()
+    throttle = LoginThrottle(clock)
+    for _ in range(_throttle.FREE_FAILURES + 2_000):
+        throttle.failed("a")
+        clock.now += throttle.retry_after("a")
+    throttle.failed("a")
+    assert throttle.retry_after("a") == _throttle.MAX_LOCKOUT

@@ -38,6 +38,9 @@ GLOBAL_BURST: Final = 30
 GLOBAL_EVERY: Final = 1.0
 #: addresses remembered at most (the oldest is forgotten first)
 MAX_ADDRESSES: Final = 10_000
+# Doublings past which a lockout is MAX_LOCKOUT anyway: the exponent stops
+# there (2.0 ** 1024 overflows after a few days of steady guessing).
+_DOUBLINGS: Final = math.ceil(math.log2(MAX_LOCKOUT))
 
 
 @dataclass(slots=True)
@@ -83,7 +86,8 @@ class LoginThrottle:
         failures.last = now
         beyond = failures.count - FREE_FAILURES
         if beyond > 0:
-            failures.locked_until = now + min(MAX_LOCKOUT, 2.0 ** (beyond - 1))
+            lockout = 2.0 ** min(beyond - 1, _DOUBLINGS)
+            failures.locked_until = now + min(MAX_LOCKOUT, lockout)
         self._addresses[address] = failures  # now the newest
         while len(self._addresses) > MAX_ADDRESSES:
             self._addresses.popitem(last=False)
