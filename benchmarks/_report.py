@@ -298,6 +298,14 @@ def groups_table(ours: Result) -> str:
             f"({b['backlog_memory_mb']:,.0f} MiB for the backlog)"
         )
         runs.append((f"beside one group holding {b['backlog']:,} tasks", b, vs, memory))
+    batches = ours.get("grouped_batch") or {}
+    if batches:
+        per = f"{batches['groups']} groups"
+        single = batches.get("single") or {}
+        runs.append((f"{per}, one task a handler call", single, "—", "—"))
+        vs = _ratio(_get(batches, "batch", "jobs_per_s"), single.get("jobs_per_s"))
+        label = f"{per}, batch_size={batches['batch_size']}"
+        runs.append((label, batches.get("batch"), f"{vs} of one a call", "—"))
     for procs, d in (ours.get("processes") or {}).items():
         plural = "es" if procs != "1" else ""
         runs.append((f"{procs} consumer process{plural}, own groups", d, "—", "—"))
@@ -546,6 +554,7 @@ def report(meta: dict[str, Any], results: dict[str, Result]) -> str:
         f"Machine: {meta['machine']}; Python {meta['python']}; "
         f"{meta['server']} {meta['server_version']} (persistence off, hz "
         f"{meta['server_hz']}); concurrency {meta['concurrency']} per worker process; "
+        f"event loop {meta.get('loop', 'asyncio')}; "
         f"N = {meta['drain']:,}; load average before / after the run: "
         f"{meta.get('loadavg_before', '?')} / {meta.get('loadavg_after', '?')}; "
         f"{meta.get('seconds', '?')} s in all."

@@ -223,10 +223,15 @@ def _what_to_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drain", type=int, help="N, the drained task count")
     parser.add_argument("--backlog", type=int, help="size of the one-group backlog")
     parser.add_argument(
+        "--processes",
+        help="comma-separated worker process counts of the processes workload "
+        "(default 1,2,4)",
+    )
+    parser.add_argument(
         "--workloads",
         default="",
         help="comma-separated subset of enqueue,drain,latency,delayed,grouped,"
-        "backlog,processes",
+        "backlog,processes,grouped-batch",
     )
     parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument("--url", help="use this server instead of starting one")
@@ -289,6 +294,13 @@ def _how_to_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout", type=float, default=1200, help="seconds per library (default 1200)"
     )
+    parser.add_argument(
+        "--loop",
+        choices=("asyncio", "uvloop"),
+        default="asyncio",
+        help="the event loop of every Python library's producer and workers "
+        "(default: %(default)s)",
+    )
 
 
 def _run_library(
@@ -299,12 +311,16 @@ def _run_library(
     argv += ["--concurrency", str(args.concurrency)]
     for option in (*lib.options, *env.options):
         argv += ["--option", option]
+    if args.loop != "asyncio" and lib.key != "bullmq":
+        argv += ["--option", f"loop={args.loop}"]
     if args.quick:
         argv.append("--quick")
     if args.drain:
         argv += ["--drain", str(args.drain)]
     if args.backlog:
         argv += ["--backlog", str(args.backlog)]
+    if args.processes:
+        argv += ["--processes", args.processes]
     if args.workloads:
         argv += ["--workloads", args.workloads]
     if args.worker_prefix:
@@ -389,6 +405,7 @@ def main(argv: list[str] | None = None) -> None:
             "python": platform.python_version(),
             **server_info(url),
             "concurrency": args.concurrency,
+            "loop": args.loop,
             "drain": args.drain or (500 if args.quick else 20_000),
             "quick": args.quick,
             "command": "python -m benchmarks "

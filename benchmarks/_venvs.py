@@ -21,14 +21,16 @@ VENVS = ROOT / "benchmarks" / ".venvs"
 
 #: pinned so that a rerun measures the same code; bump deliberately. Every
 #: redis-py based peer gets hiredis (arq, saq and aiogroupq ask for it anyway).
+#: for ``--loop uvloop``, in every environment alike
+UVLOOP = "uvloop==0.23.0"
 REQUIREMENTS: dict[str, tuple[str, ...]] = {
-    "aiogroupq": ("-e", str(ROOT)),
-    "arq": ("arq==0.28.0",),
+    "aiogroupq": (UVLOOP, "-e", str(ROOT)),
+    "arq": ("arq==0.28.0", UVLOOP),
     # saq's ``redis`` extra pins redis < 8; it imports typing_extensions without
     # declaring it.
-    "saq": ("saq[redis,hiredis]==0.26.4", "typing_extensions"),
-    "streaq": ("streaq==7.2.0",),
-    "taskiq-redis": ("taskiq-redis==1.2.4", "taskiq==0.13.0", "redis[hiredis]"),
+    "saq": ("saq[redis,hiredis]==0.26.4", "typing_extensions", UVLOOP),
+    "streaq": ("streaq==7.2.0", UVLOOP),
+    "taskiq-redis": ("taskiq-redis==1.2.4", "taskiq==0.13.0", "redis[hiredis]", UVLOOP),
 }
 
 

@@ -65,3 +65,22 @@ async def test_quick_benchmark_of_aiogroupq_reports_every_figure(
     assert r["latency"]["delayed_ms"]["samples"] == 20
     assert set(r["processes"]) == {"1", "2"}
     assert r["backlog_drain"]["backlog"] == 5_000
+
+
+async def test_a_run_on_uvloop_runs_every_process_on_it(tmp_path: Path) -> None:
+    pytest.importorskip("uvloop")
+    out = tmp_path / "results.json"
+    argv = [sys.executable, "-m", "benchmarks", "--quick", "--only", "aiogroupq"]
+    argv += ["--aiogroupq-here", "--retries", "0", "--workloads", "drain"]
+    argv += ["--loop", "uvloop", "--json", str(out)]
+    with anyio.fail_after(100):
+        done = await anyio.run_process(
+            argv, cwd=ROOT, check=False, stderr=subprocess.STDOUT
+        )
+    text = done.stdout.decode(errors="replace")
+    assert done.returncode == 0, text[-4000:]
+    assert "event loop uvloop" in text
+    run = json.loads(out.read_text())
+    assert run["meta"]["loop"] == "uvloop"
+    assert run["results"]["aiogroupq"]["loop"] == "uvloop"
+    assert run["results"]["aiogroupq"]["drain"]["jobs_per_s"] > 0

@@ -127,6 +127,13 @@ def _add_worker(commands: Commands) -> None:
         "keys, which can lose tasks; by default the worker refuses to start",
     )
     worker.add_argument(
+        "--loop",
+        choices=("auto", "asyncio", "uvloop"),
+        default="auto",
+        help="the event loop: uvloop (pip install 'aiogroupq[uvloop]'), "
+        "asyncio's own, or auto: uvloop where installed (default: %(default)s)",
+    )
+    worker.add_argument(
         "-v",
         "--verbose",
         action="store_true",

@@ -34,6 +34,10 @@ time up to 30 s, until it is ready or stopped. Refused credentials, a bad
 database number or an eviction policy other than ``noeviction`` (see
 ``--allow-eviction``) are configuration errors: the worker exits at once.
 
+The event loop is uvloop where it is installed (``pip install
+'aiogroupq[uvloop]'``), else asyncio's own; ``--loop asyncio`` or ``--loop
+uvloop`` decides instead (the ready line names the loop).
+
 A first SIGTERM or SIGINT stops claiming and lets running handlers finish
 within the grace period; a second one cancels them. Unfinished tasks are
 handed back to the front of their groups. ``--processes N`` runs N worker
@@ -48,6 +52,7 @@ from __future__ import annotations
 __all__ = ("run",)
 
 import argparse
+import asyncio
 import inspect
 import logging
 import os
@@ -152,8 +157,15 @@ def run(args: argparse.Namespace) -> int:
     check_options(args.target, target, args)
     if args.processes > 1:
         return _supervise(args)
+    use_uvloop = _uvloop_wanted(args.loop)
     try:
-        anyio.run(_serve, args.target, target, args)
+        anyio.run(
+            _serve,
+            args.target,
+            target,
+            args,
+            backend_options={"use_uvloop": use_uvloop},
+        )
     except BaseException as exc:
         # Task groups wrap what they raise; unwrap single exceptions.
         while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
@@ -180,6 +192,23 @@ def run(args: argparse.Namespace) -> int:
             logger.critical("worker failed", exc_info=exc)
         return 1
     return 0
+
+
+def _uvloop_wanted(choice: str) -> bool:
+    """Whether to run on uvloop: ``--loop uvloop`` insists (a usage error
+    where it is missing), ``auto`` takes it where it is installed."""
+    if choice == "asyncio":
+        return False
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        if choice == "uvloop":
+            raise UsageError(
+                "--loop uvloop: uvloop is not installed "
+                "(pip install 'aiogroupq[uvloop]'), or use --loop asyncio"
+            ) from None
+        return False
+    return True
 
 
 async def _serve(spec: str, target: Target, args: argparse.Namespace) -> None:
@@ -226,7 +255,12 @@ async def _consume(
     while not stop.is_set():
         try:
             async with _open_consumer(spec, target, args, observers) as consumer:
-                logger.info("worker ready: %s on queue %r", spec, consumer.queue)
+                logger.info(
+                    "worker ready: %s on queue %r (event loop: %s)",
+                    spec,
+                    consumer.queue,
+                    type(asyncio.get_running_loop()).__module__.split(".")[0],
+                )
                 await stop.wait()
                 return
         except RedisUnavailableError as exc:

@@ -37,7 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,6 +78,9 @@ class Adapter:
     has_delay: bool = False
     #: whether :meth:`enqueue` accepts ``group`` (group-serial execution)
     has_groups: bool = False
+    #: whether :meth:`serve` runs batches of a group's tasks when its options
+    #: say ``batch_size`` (the grouped-batch workload)
+    has_batches: bool = False
     #: settings that differ from the library's defaults, for the report
     settings: str = ""
 
@@ -823,6 +826,30 @@ class Driver:
         self.flush()
         return figures
 
+    async def workload_grouped_batch(self) -> dict[str, Any]:
+        """N tasks in 100 groups (N/100 each), drained one task a handler
+        call, then again by a batch handler (``batch_size`` 50)."""
+        n, groups, size = self.sizes.drain, 100, 50
+        out: dict[str, Any] = {"groups": groups, "batch_size": size}
+        for key, options in (("single", {}), ("batch", {"batch_size": str(size)})):
+
+            async def once(options: dict[str, str] = options) -> dict[str, Any]:
+                self.flush()
+                await self.fill(n, groups=lambda i: f"g{i % groups}")
+                saved = self.options
+                self.options = {**saved, **options}
+                try:
+                    return await self.drain(n)
+                finally:
+                    self.options = saved
+
+            out[key] = await self.guarded(f"grouped {key} drain", once)
+        log(
+            f"{groups} groups, one task a call: {out['single']['jobs_per_s']:,.0f} "
+            f"jobs/s; batch_size={size}: {out['batch']['jobs_per_s']:,.0f} jobs/s"
+        )
+        return out
+
     async def workload_processes(self) -> dict[str, Any]:
         """Grouped drain by 1, 2, 4 worker processes (each at full concurrency)."""
         n = self.sizes.drain
@@ -957,6 +984,8 @@ class Driver:
                     )
                 if self.wants("processes"):
                     result["processes"] = await self.workload_processes()
+                if a.has_batches and self.wants("grouped-batch"):
+                    result["grouped_batch"] = await self.workload_grouped_batch()
         finally:
             await a.close()
             self.flush()
@@ -980,6 +1009,17 @@ def _versions(distributions: Sequence[str]) -> dict[str, str]:
 # -- entry point ----------------------------------------------------------------------
 
 
+def _loop_factory(
+    options: Mapping[str, Any],
+) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event loop the ``loop`` option asks for (``None``: asyncio's)."""
+    if options.get("loop", "asyncio") == "asyncio":
+        return None
+    import uvloop
+
+    return uvloop.new_event_loop
+
+
 def main(
     factory: Callable[[dict[str, Any]], Adapter],
     module: str,
@@ -991,7 +1031,9 @@ def main(
     (BullMQ): its driver changes how they are started and timed."""
     if len(sys.argv) >= 3 and sys.argv[1] == "worker":
         config = json.loads(sys.argv[2])
-        asyncio.run(_worker(factory(config.get("options", {})), config))
+        worker_options = config.get("options", {})
+        with asyncio.Runner(loop_factory=_loop_factory(worker_options)) as runner:
+            runner.run(_worker(factory(worker_options), config))
         return
     parser = argparse.ArgumentParser(prog=f"python -m {module}")
     parser.add_argument("mode", choices=["drive"])
@@ -1003,6 +1045,7 @@ def main(
     parser.add_argument("--workloads", default="", help="comma-separated subset")
     parser.add_argument("--drain", type=int, help="override N")
     parser.add_argument("--backlog", type=int, help="override the backlog size")
+    parser.add_argument("--processes", help="override the process counts (1,2,4)")
     parser.add_argument(
         "--worker-prefix", default="", help="command to wrap workers in (profiling)"
     )
@@ -1021,6 +1064,8 @@ def main(
         sizes.drain = args.drain
     if args.backlog:
         sizes.backlog = args.backlog
+    if args.processes:
+        sizes.processes = tuple(int(p) for p in args.processes.split(","))
     driver = driver_class(
         factory(options),
         module,
@@ -1033,5 +1078,7 @@ def main(
         retries=args.retries,
         contended=args.contended,
     )
-    result = asyncio.run(driver.run())
+    with asyncio.Runner(loop_factory=_loop_factory(options)) as runner:
+        result = runner.run(driver.run())
+    result["loop"] = options.get("loop", "asyncio")
     args.out.write_text(json.dumps(result, indent=1))
