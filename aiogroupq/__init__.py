@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 
 from ._inspect.check import check_queue as check_queue
+from ._inspect.estimate import StartEstimate as StartEstimate
 from ._inspect.problems import Problem as Problem
 from ._inspect.repair import Repair as Repair, repair_queue as repair_queue
 from ._inspect.views import (
@@ -38,6 +39,7 @@ from .consumer import Consumer as Consumer
 from .errors import (
     AiogroupqError as AiogroupqError,
     AuthenticationError as AuthenticationError,
+    BatchFailed as BatchFailed,
     BatchTooLargeError as BatchTooLargeError,
     ConfigurationError as ConfigurationError,
     ConsumerRunningError as ConsumerRunningError,
@@ -69,6 +71,7 @@ from .task import (
     Task as Task,
     TaskInfo as TaskInfo,
     TaskState as TaskState,
+    current_batch as current_batch,
     current_task as current_task,
 )
 
@@ -78,6 +81,7 @@ __all__ = (
     "Admin",
     "AiogroupqError",
     "AuthenticationError",
+    "BatchFailed",
     "BatchTooLargeError",
     "ConfigurationError",
     "Consumer",
@@ -115,6 +119,7 @@ __all__ = (
     "Repair",
     "Retry",
     "Schedule",
+    "StartEstimate",
     "Task",
     "TaskCancelledError",
     "TaskDetails",
@@ -127,6 +132,7 @@ __all__ = (
     "UnencodablePayloadError",
     "UnknownTaskTypeError",
     "check_queue",
+    "current_batch",
     "current_task",
     "repair_queue",
 )

@@ -39,6 +39,7 @@ from redis.exceptions import ResponseError
 from ._inspect import (
     aggregate as _aggregate,
     consumers as _consumers,
+    estimate as _estimate,
     reads as _observe,
     repartition as _repartition,
 )
@@ -51,10 +52,10 @@ from ._inspect.views import (
     QueueStats,
     TaskDetails,
 )
-from ._store import scripts as _scripts, validate as _validate
+from ._store import group_ops as _group_ops, scripts as _scripts, validate as _validate
 from ._store.codec import dead_letter
 from ._store.connection import RedisLike, open_client
-from ._store.defaults import START_WINDOW
+from ._store.defaults import DEFAULT_RETENTION, START_WINDOW
 from ._store.failures import unavailable_as_error
 from ._store.fanout import (
     by_partition,
@@ -70,12 +71,15 @@ from ._store.wrongtype import corrupt_key, is_wrong_type
 from .errors import ConfigurationError, InvalidGroupError, TaskNotFoundError
 
 if TYPE_CHECKING:
+    from ._inspect.estimate import StartEstimate
     from ._store.keys import QueueKeys
     from ._store.partition import Partitions
     from .task import DeadLetter
 
 #: most slots a group may have
 MAX_CONCURRENCY: Final = 10_000
+#: highest weight of a group (its turns a round under backlog)
+MAX_WEIGHT: Final = 100
 #: groups refilled per script call after the queue's defaults change
 _REFILL_BATCH: Final = 500
 #: most groups one :meth:`Admin.groups` page holds
@@ -83,6 +87,7 @@ MAX_PAGE: Final = 100
 _SORTS: Final = ("busiest", "oldest", "halted", "paused")
 
 Fairness = Literal["round_robin", "drain"]
+Ordering = Literal["strict", "exclusive"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +129,10 @@ class GroupSettings:
     :ivar max_size: most live (queued, delayed or running) tasks it may hold
     :ivar priority: priority of its tasks that are enqueued without one
     :ivar paused: whether it starts nothing new
+    :ivar weight: its share of starts under backlog, relative to other
+        groups' weights
+    :ivar ordering: ``"exclusive"``: a task waiting out a retry's backoff
+        lets later tasks of the group run meanwhile; ``None``: strict
     """
 
     concurrency: int | None = None
@@ -131,6 +140,8 @@ class GroupSettings:
     max_size: int | None = None
     priority: int | None = None
     paused: bool = False
+    weight: int | None = None
+    ordering: Ordering | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +156,7 @@ class QueueSettings:
     :ivar priority_aging: seconds per priority level after which a waiting
         task counts as one level higher (None: strict priorities)
     :ivar paused: whether the whole queue starts nothing new
+    :ivar group_weight: the weight of groups without their own
     """
 
     fairness: Fairness = "round_robin"
@@ -152,6 +164,7 @@ class QueueSettings:
     group_rate: Rate | None = None
     priority_aging: float | None = None
     paused: bool = False
+    group_weight: int = 1
 
 
 P = ParamSpec("P")
@@ -235,6 +248,8 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
         rate: Rate | Literal[False] | None = None,
         max_size: int | None = None,
         priority: int | None = None,
+        weight: int | None = None,
+        ordering: Ordering | None = None,
     ) -> None:
         """Replace a group's settings (each ``None`` leaves that one to the
         queue's default). A raised concurrency starts waiting tasks at once; a
@@ -249,6 +264,15 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
             :class:`~aiogroupq.GroupFullError` and writes nothing
         :param priority: priority (0-9) of the group's tasks enqueued without
             one; with concurrency above 1 all of the group's tasks wait at it
+        :param weight: 1-100: under backlog, the group's share of starts is
+            its weight over the sum of the waiting groups' weights (a round
+            gives it *weight* turns: its next task goes to the front of the
+            ready line *weight* - 1 times in a row, then once to the tail)
+        :param ordering: ``"strict"`` (the default): a retried task runs
+            again before any later task of its group; ``"exclusive"``: still
+            one task at a time (up to *concurrency*), but while a task waits
+            out its retry backoff later tasks run, and it re-joins the tail
+            of the group's line when due
         :raises InvalidGroupError: for a bad group name
         :raises ConfigurationError: for a bad setting
         """
@@ -259,6 +283,12 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
             _check_int("max_size", max_size, 1, 2**53)
         if priority is not None:
             _check_int("priority", priority, 0, _validate.MAX_PRIORITY)
+        if weight is not None:
+            _check_int("weight", weight, 1, MAX_WEIGHT)
+        if ordering not in (None, "strict", "exclusive"):
+            raise ConfigurationError(
+                f"ordering must be 'strict' or 'exclusive', got {ordering!r}"
+            )
         rn, rp = _rate_args(rate, allow_false=True)
         for keys in (await self._current()).of_group(name):
             await _scripts.control(
@@ -271,6 +301,8 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
                 rp,
                 "" if max_size is None else max_size,
                 "" if priority is None else priority,
+                "" if weight is None else weight,
+                "exclusive" if ordering == "exclusive" else "",
             )
 
     async def _hash_fields(self, key: str, what: str) -> dict[str, str]:
@@ -305,6 +337,8 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
             max_size=_int_or_none(fields.get("mx")),
             priority=_int_or_none(fields.get("pr")),
             paused=fields.get("p") == "1",
+            weight=_int_or_none(fields.get("wt")),
+            ordering="exclusive" if fields.get("o") == "exclusive" else None,
         )
 
     @unavailable_as_error
@@ -353,6 +387,7 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
         group_concurrency: int = 1,
         group_rate: Rate | None = None,
         priority_aging: float | timedelta | None = None,
+        group_weight: int = 1,
     ) -> None:
         """Replace the queue's settings (pause is separate: :meth:`pause`).
 
@@ -366,6 +401,8 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
         :param priority_aging: seconds after which a waiting task counts as
             one priority level higher (so no priority starves); ``None``:
             strict priorities
+        :param group_weight: the weight (1-100) of groups without their own
+            (see :meth:`set_group`); with ``"drain"`` weights change nothing
         :raises ConfigurationError: for a bad setting
         """
         if fairness not in ("round_robin", "drain"):
@@ -373,6 +410,7 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
                 f"fairness must be 'round_robin' or 'drain', got {fairness!r}"
             )
         _check_int("group_concurrency", group_concurrency, 1, MAX_CONCURRENCY)
+        _check_int("group_weight", group_weight, 1, MAX_WEIGHT)
         rn, rp = _rate_args(group_rate, allow_false=False)
         aging = (
             ""
@@ -395,6 +433,7 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
                 rn,
                 rp,
                 aging,
+                "" if group_weight == 1 else group_weight,
             )
             # A raised default concurrency frees slots of groups with a line.
             start = 0
@@ -423,6 +462,7 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
             group_rate=group_rate,
             priority_aging=None if aging is None else aging / 1000,
             paused=fields.get("pause") == "1",
+            group_weight=_int_or_none(fields.get("wt")) or 1,
         )
 
     @unavailable_as_error
@@ -538,6 +578,58 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
 
     @unavailable_as_error
     @_refusals_named
+    async def estimate(
+        self, task_id: str, *, start_counting: bool = True
+    ) -> StartEstimate | None:
+        """When a waiting (queued or delayed) task is expected to start, from
+        its place in the ready line or its group's line, its group's
+        concurrency and rate limit, and the queue's recent start rate (see
+        :class:`StartEstimate` for the basis it states, and docs/usage.md
+        for the model). One read-only script call, plus one per other
+        partition for the queue's rate.
+
+        The rate is counted by the claims in a small rolling counter (the
+        last 30 s), kept only once an estimate was asked of the queue: the
+        first call switches it on for every partition (one ``HSET`` of
+        each partition's ``conf``) and returns ``None``, as do calls
+        until a second of starts was counted.
+
+        :param start_counting: switch the counter on if it is off (the
+            command line's and the dashboard's task pages only read: they
+            pass ``False``)
+        :return: the estimate, or ``None`` when there can be none: an unknown,
+            ended, running or starting task; no starts counted yet (or none
+            in the last 30 s); the queue, or the task's group, paused or
+            halted; a task more than 10,000 places back; a client that may
+            not switch the counter on
+        :raises InvalidTaskError: for a task id that is not a non-empty str
+        :raises CorruptQueueError: if the queue's ``conf`` or the task's
+            hash holds the wrong type
+        """
+        checked = _validate.task_id(task_id)
+        if not isinstance(start_counting, bool):
+            raise ConfigurationError(
+                f"start_counting must be True or False, not {start_counting!r}"
+            )
+        explained = await _estimate.explain(
+            self._open_client(), await self._current(), checked, start_counting
+        )
+        return explained.estimate
+
+    @unavailable_as_error
+    @_refusals_named
+    async def _explain_estimate(self, task_id: str) -> _estimate.Explained:
+        """The task pages' read of an estimate (the counter left as it is),
+        with the reason where there is none."""
+        return await _estimate.explain(
+            self._open_client(),
+            await self._current(),
+            _validate.task_id(task_id),
+            switch_on=False,
+        )
+
+    @unavailable_as_error
+    @_refusals_named
     async def consumers(self, *, limit: int = 1000) -> list[ConsumerInfo]:
         """The registered consumers, live ones first (latest heartbeat first),
         then those gone silent in the last few leases.
@@ -644,6 +736,77 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
         for keys in (await self._current()).of_group(checked):
             done += await _scripts.dead_action(client, keys, "release", [checked])
         return done >= 1
+
+    @unavailable_as_error
+    async def cancel_group(self, group: str, *, running: bool = False) -> int:
+        """Cancel every queued and delayed task of a group, each as
+        :meth:`Producer.cancel <aiogroupq.Producer.cancel>` cancels one: the
+        tasks in its line, those ready to run, held back (the group paused,
+        halted or out of its rate), in a retry's backoff or in their first
+        delay. They end ``cancelled``, kept for the retention window (one
+        hour); the group stays as it was (paused, halted, its settings) and
+        takes new tasks at once.
+
+        Each script call is atomic and cancels at most 500 tasks; a larger
+        group takes several calls. Between them the group goes on: a task
+        whose turn comes because a running one ended may start, and tasks
+        enqueued meanwhile may be cancelled or not (the line is read up to
+        its length at the start plus the tasks then in their first delay,
+        so the call ends however fast tasks arrive). Tasks enqueued after it
+        returns are not touched. For an exact cut, :meth:`pause_group`
+        first. Finding tasks in their first delay reads the queue's delayed
+        set (500 a round trip) while the group has any; everything else is
+        read from the group's own keys.
+
+        A halted group's dead task is a dead letter, not cancelled: the
+        group stays halted behind it (:meth:`release_group`, or
+        :meth:`purge_group` to delete it). Running tasks finish unless
+        *running*.
+
+        :param running: also ask the consumers of the group's running tasks
+            to cancel them, as :meth:`Producer.cancel
+            <aiogroupq.Producer.cancel>` does: at their next heartbeat
+        :return: how many tasks were cancelled, plus how many running ones
+            were asked to be (0 for a group with no such task, or unknown)
+        :raises InvalidGroupError: for a bad group name
+        :raises ConfigurationError: if *running* is not a bool
+        """
+        name = _group_name(group)
+        if not isinstance(running, bool):
+            raise ConfigurationError(f"running must be True or False, got {running!r}")
+        client = self._open_client()
+        done = 0
+        for keys in (await self._current()).of_group(name):
+            done += await _group_ops.cancel_group(
+                client,
+                keys,
+                name,
+                running=running,
+                retention_ms=round(DEFAULT_RETENTION * 1000),
+            )
+        return done
+
+    @unavailable_as_error
+    async def purge_group(self, group: str) -> int:
+        """Delete a group's dead letters, as :meth:`purge_dead` deletes given
+        ones (a group halted by one goes on with its next task).
+
+        Nothing indexes dead letters by group, so this reads the queue's
+        whole dead set, 500 ids a round trip with their groups, and purges
+        the group's in calls of at most 500: its cost grows with the
+        queue's dead letters, not the group's. A task dead-lettered while it
+        runs may be purged or not.
+
+        :return: how many dead letters were deleted (0 for a group with
+            none, or unknown)
+        :raises InvalidGroupError: for a bad group name
+        """
+        name = _group_name(group)
+        client = self._open_client()
+        done = 0
+        for keys in (await self._current()).of_group(name):
+            done += await _group_ops.purge_group(client, keys, name)
+        return done
 
     # -- partitions -----------------------------------------------------------
 

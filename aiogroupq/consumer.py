@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __all__ = ("Consumer",)
 
+import functools
 import logging
 import os
 import secrets
@@ -324,6 +325,7 @@ class Consumer:
                     fetchers = Fetchers(
                         self._parts, self._fetch_context(workers.slots, outcomes, watch)
                     )
+                    workers.topup = functools.partial(fetchers.top_up, client)
                     outer.start_soon(outcomes.finisher.run)
                     outer.start_soon(self._leases.run, client)
                     if self._scheduler is not None:
@@ -356,6 +358,10 @@ class Consumer:
                         with anyio.CancelScope(shield=True):
                             workers.hand_back_unstarted()
                             await outcomes.close(timeout=10.0)
+                            # The outcomes just recorded may have called
+                            # on_dead: those calls finish before the side
+                            # tasks are cancelled.
+                            await outcomes.hooks_done(self._grace_period)
                             await self._leases.release(client)
                         outer.cancel_scope.cancel()
             logger.info("consumer %s stopped: %s", self.name, self.stats)
@@ -392,6 +398,12 @@ class Consumer:
             counters=self._counters,
             outcomes=outcomes,
             watch=watch,
+            # Only sizes above 1 take members: a batch of one is a claim's.
+            batches=tuple(
+                (name, route.options.batch_size)
+                for name, route in sorted(self._routes.items())
+                if route.options.batch_size is not None and route.options.batch_size > 1
+            ),
         )
 
 

@@ -400,6 +400,36 @@ class Retry(Exception):  # a control-flow signal, like anyio's WouldBlock
         self.delay: float | None = delay
 
 
+class BatchFailed(Exception):  # a control-flow signal, like Retry
+    """Raised by a batch handler (``Handler(batch_size=N)``) to report how far
+    its batch got: the first *done* tasks succeeded, the next one failed with
+    *error* (retried with its backoff as usual, or dead-lettered on its last
+    attempt or for a ``no_retry`` type), and the tasks after it go back to the
+    front of their group's line, their attempt not counted.
+
+    :param done: how many tasks of the batch, from its start, succeeded;
+        ``done`` equal to the batch's size, or beyond it, means they all did
+        (*error* is then ignored)
+    :param error: what the task after them failed with (a :class:`Retry`
+        asks for its retry, with its delay)
+    :raises ValueError: for a *done* that is not an int >= 0
+    :raises TypeError: for an *error* that is not an exception (either,
+        raised in the handler, fails the whole batch)
+    """
+
+    def __init__(self, done: int, error: BaseException) -> None:
+        if isinstance(done, bool) or not isinstance(done, int) or done < 0:
+            raise ValueError(f"BatchFailed done must be an int >= 0, got {done!r}")
+        if not isinstance(error, Exception):
+            raise TypeError(f"BatchFailed error must be an exception, got {error!r}")
+        super().__init__(done, error)
+        self.done: int = done
+        self.error: Exception = error
+
+    def __str__(self) -> str:
+        return f"batch failed after {self.done} tasks: {self.error!r}"
+
+
 class InvalidResultError(AiogroupqError, ValueError):
     """The awaited task succeeded, but its stored result does not decode into
     the ``result_type`` asked for (or its bytes are not valid MessagePack).

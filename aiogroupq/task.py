@@ -185,6 +185,26 @@ def current_task() -> TaskInfo:
         ) from None
 
 
+_batch: Final[contextvars.ContextVar[list[TaskInfo]]] = contextvars.ContextVar(
+    "aiogroupq_current_batch"
+)
+
+
+def current_batch() -> list[TaskInfo]:
+    """Return the metadata of each task of the batch whose handler is running
+    in this context (``Handler(batch_size=N)``), in the order the handler
+    receives their payloads; :func:`current_task` is the first one's.
+
+    :raises RuntimeError: when called outside a batch handler
+    """
+    try:
+        return list(_batch.get())
+    except LookupError:
+        raise RuntimeError(
+            "aiogroupq.current_batch() was called outside a batch handler"
+        ) from None
+
+
 class Envelope(msgspec.Struct, array_like=True, frozen=True, gc=False):
     """One task as stored in Redis: MessagePack, positional.
 

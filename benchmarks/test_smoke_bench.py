@@ -65,6 +65,9 @@ async def test_quick_benchmark_of_aiogroupq_reports_every_figure(
     assert r["latency"]["delayed_ms"]["samples"] == 20
     assert set(r["processes"]) == {"1", "2"}
     assert r["backlog_drain"]["backlog"] == 5_000
+    for key in ("single", "batch"):  # the grouped-batch workload, both drains
+        assert positive(r["grouped_batch"][key]["jobs_per_s"]), key
+    assert "batch_size=50" in text
 
 
 async def test_a_run_on_uvloop_runs_every_process_on_it(tmp_path: Path) -> None:

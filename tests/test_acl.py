@@ -52,6 +52,7 @@ PYTHON_COMMANDS = {
     "hget": "hget",  # status()
     "zrange": "zrange",  # Admin.dead_letters()
     "hmget": "hmget",  # Admin.dead_letters()
+    "hexists": "hexists",  # whether a batch handler's lone task was recovered
 }
 HANDSHAKE = {"hello"}
 OPTIONAL = {"config_get": "config|get", "info": "info"}
@@ -79,6 +80,7 @@ OPERATOR_MODULES = {
     "_inspect/repartition.py",
     "_inspect/reads.py",  # the views: their add-on rule in docs/operations.md
     "_inspect/consumers.py",  # the views: their add-on rule in docs/operations.md
+    "_inspect/estimate.py",  # Admin.estimate, a view: the same add-on rule
 }
 # Folders outside what producers and consumers run: the web UI (its own
 # rule in docs/operations.md) and the test helpers with their servers.
@@ -91,6 +93,7 @@ OPERATOR_SCRIPTS = {
     "group_info.lua",
     "consumers.lua",
     "task_info.lua",
+    "estimate.lua",
     "inspect.lua",
     "registry.lua",
 }
@@ -343,6 +346,7 @@ VIEW_SCRIPTS = {
     "group_info.lua",
     "consumers.lua",
     "task_info.lua",
+    "estimate.lua",
     "inspect.lua",
     "registry.lua",
 }
@@ -392,7 +396,7 @@ async def _every_view(admin: aiogroupq.Admin, task_id: str) -> list[str]:
     assert (await admin.group_info("g")).backlog >= 1
     ran.append("group_info")
     for sort in ("busiest", "oldest", "halted", "paused"):
-        await admin.groups(sort=sort)  # type: ignore[arg-type]
+        await admin.groups(sort=sort)
         ran.append(f"groups({sort})")
     assert (await admin.task(task_id)).id == task_id
     ran.append("task")

@@ -310,3 +310,50 @@ def _shuffle_keeping_groups(plan: list[Job], rng: random.Random) -> None:
         seq = seqs.get(job.group, 0)
         seqs[job.group] = seq + 1
         plan[i] = Job(n=job.n, group=job.group, seq=seq, sleep_ms=job.sleep_ms)
+
+
+async def test_batches_weights_exclusive_groups_group_ops_and_estimates_on_a_cluster(
+    cluster: ClusterProcess,
+) -> None:
+    """This round's group features on a queue of 4 partitions spread over the
+    cluster's primaries."""
+    queue = "features"
+    batches: list[tuple[str | None, list[int]]] = []
+
+    async def batch(items: list[int]) -> None:
+        batches.append((aiogroupq.current_task().group, items))
+
+    async with (
+        Producer(cluster.url, queue=queue, partitions=4) as producer,
+        aiogroupq.Admin(cluster.url, queue=queue) as admin,
+    ):
+        await admin.set_group("b0", weight=3)
+        await admin.set_group("b1", ordering="exclusive")
+        ids = await producer.enqueue_many(
+            [Task("b", i, group=f"b{i % 3}") for i in range(60)]
+        )
+        gone = await producer.enqueue_many(
+            [Task("b", i, group="gone") for i in range(5)]
+        )
+        assert await admin.cancel_group("gone") == 5
+        assert set(await producer.status_many(gone)) == {TaskState.CANCELLED}
+        assert await admin.estimate(ids[-1]) is None  # switched on: no samples yet
+        handlers = {"b": aiogroupq.Handler(batch, batch_size=5)}
+        async with aiogroupq.Consumer(
+            cluster.url, queue=queue, handlers=handlers, concurrency=4
+        ):
+            with anyio.fail_after(PATIENCE):
+                while set(await producer.status_many(ids)) != {TaskState.SUCCEEDED}:
+                    await anyio.sleep(0.05)
+        assert (await admin.group_settings("b0")).weight == 3
+        assert (await admin.group_info("b1")).ordering == "exclusive"
+    # Each batch: consecutive tasks of one group, in enqueue order.
+    assert sum(len(items) for _, items in batches) == len(ids)
+    assert max(len(items) for _, items in batches) > 1
+    for group, items in batches:
+        assert {f"b{i % 3}" for i in items} == {group}
+        assert items == sorted(items)
+    for g in range(3):
+        ran = [i for group, items in batches if group == f"b{g}" for i in items]
+        assert ran == list(range(g, 60, 3))
+    assert await aiogroupq.check_queue(cluster.url, queue) == []

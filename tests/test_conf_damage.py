@@ -33,6 +33,7 @@ QUEUE: Final = "confdmg"
 #: the settings every test gives its queue before the damage
 FAIRNESS: Final = "drain"
 CONCURRENCY: Final = 3
+WEIGHT: Final = 3
 
 #: a damage: (client, the conf key, the hash it held) -> None
 Damage = Callable[[redis.asyncio.Redis, str, dict[str, str]], Awaitable[None]]
@@ -107,7 +108,9 @@ async def _queue(
     ) as producer:
         ids = [await producer.enqueue("t", n, group=f"g{n % 6}") for n in range(12)]
     async with aiogroupq.Admin(client, queue=QUEUE) as admin:
-        await admin.configure(fairness=FAIRNESS, group_concurrency=CONCURRENCY)
+        await admin.configure(
+            fairness=FAIRNESS, group_concurrency=CONCURRENCY, group_weight=WEIGHT
+        )
     confs = {p: await _hash(client, QueueKeys(QUEUE, p).conf) for p in range(3)}
     return ids, confs
 
@@ -160,11 +163,12 @@ async def test_check_reports_a_damaged_conf_and_repair_rebuilds_it(
     settings, layout = await _settings_and_layout(redis_client)
     assert layout == (1, None)
     if readable:
-        assert (settings.fairness, settings.group_concurrency) == (
-            FAIRNESS,
-            CONCURRENCY,
-        )
-        assert "kept c, fair" in changes[0].detail
+        assert (
+            settings.fairness,
+            settings.group_concurrency,
+            settings.group_weight,
+        ) == (FAIRNESS, CONCURRENCY, WEIGHT)
+        assert "kept c, fair, wt" in changes[0].detail
     else:
         assert settings == aiogroupq.QueueSettings()
         assert "back to their defaults" in changes[0].detail

@@ -66,6 +66,9 @@ ADMIN_CALLS: dict[str, AdminCall] = {
     "partitions": lambda a: a.partitions(),
     "start_repartition": lambda a: a.start_repartition(2),
     "finish_repartition": lambda a: a.finish_repartition(),
+    "estimate": lambda a: a.estimate(TASK_ID),
+    "cancel_group": lambda a: a.cancel_group("g"),
+    "purge_group": lambda a: a.purge_group("g"),
 }
 
 

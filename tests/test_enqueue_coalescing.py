@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 import redis.asyncio
 
-import aiogroupq
 from aiogroupq import (
     Admin,
     GroupFullError,
@@ -28,6 +27,10 @@ from aiogroupq._store.replies import GroupFullRefusal
 from aiogroupq._store.scripts import NewTask
 
 QUEUE = "coalesce"
+
+
+def _text(x: bytes | str) -> str:
+    return x.decode() if isinstance(x, bytes) else x
 
 
 async def _evalsha_calls(client: redis.asyncio.Redis) -> int:
@@ -76,10 +79,10 @@ async def test_group_keeps_the_order_of_the_calls(
     async with Producer(redis_client, queue=QUEUE) as p:
         ids = await _all([p.enqueue("t", i, group="g") for i in range(150)])
     keys = QueueKeys(QUEUE)
-    ready = [bytes(x).decode() for x in await redis_client.lrange(keys.ready, 0, -1)]
+    ready = [_text(x) for x in await redis_client.lrange(keys.ready, 0, -1)]
     parked = await redis_client.lrange(keys.parked("g"), 0, -1)
     assert ready == ids[:1]
-    assert [bytes(x).decode() for x in parked] == ids[1:]
+    assert [_text(x) for x in parked] == ids[1:]
 
 
 async def test_group_full_goes_to_its_callers_only(
@@ -143,7 +146,7 @@ async def test_caps_split_coalesced_calls(
         sizes.append((len(news), sum(len(n.envelope) + len(n.identity) for n in news)))
         return await send(client, parts, news, **kw)
 
-    monkeypatch.setattr(aiogroupq.producer._routing, "send", spy)
+    monkeypatch.setattr(routing, "send", spy)
     async with Producer(redis_client, queue=QUEUE, max_batch_bytes=4_000) as p:
         ids = await _all([p.enqueue("t", "x" * 300) for _ in range(1_000)])
     assert len(set(ids)) == 1_000
@@ -165,7 +168,7 @@ async def test_partitioned_queue_keeps_group_order(
     for g in range(9):
         mine = [ids[i] for i in range(g, 300, 9)]
         parked = await redis_client.lrange(homes[f"g{g}"].parked(f"g{g}"), 0, -1)
-        assert [bytes(x).decode() for x in parked] == mine[1:]
+        assert [_text(x) for x in parked] == mine[1:]
 
 
 # Coalescer on its own, with a send function of the test's: what each

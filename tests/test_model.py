@@ -11,11 +11,17 @@ and token. So the model predicts every claim exactly (which tasks, in which
 order), and thereby checks:
 
 * group order: a group's tasks take slots, and start, in enqueue order
-  (retried and recovered tasks keep theirs: a later task never overtakes);
+  (retried and recovered tasks keep theirs: a later task never overtakes),
+  except in an exclusive group (ordering "exclusive"), where a retry waiting
+  out its backoff gives its slot on and re-joins the tail of the group's
+  line when due: there the model predicts that order instead, and only
+  exclusion is a guarantee;
 * group concurrency: a group never runs more tasks at once than its slots,
   and with concurrency 1 never two (exclusion);
 * round-robin fairness: a released group's next task joins the ready tail,
   behind every group already waiting (or the front with fairness "drain");
+* weights: a group of weight w keeps the ready front for w turns in a row,
+  then goes to the tail (its turn counter, kept in its hash, checked too);
 * priorities: a higher-priority head is claimed first, FIFO within a level;
 * paused and halted groups start nothing, rate-limited groups no more than
   their rate, expired tasks never;
@@ -137,6 +143,13 @@ class ModelGroup:
     wake_due: int | None = None  # a "~<group>" wake-up is pending
     wake_now: bool = False
     held: list[str] = field(default_factory=list)
+    weight: int = 1
+    #: ordering "exclusive": a retry's backoff holds no slot
+    exclusive: bool = False
+    #: turns at the ready front in a row (only counted while weight > 1)
+    turns: int = 0
+    #: the scripts have read the counter since the group's hash was made
+    turns_stored: bool = False
 
 
 def _s(value: Any) -> str:
@@ -227,6 +240,21 @@ class QueueMachine(RuleBasedStateMachine):
             and len(g.order) == g.slots
         )
 
+    def front_turn(self, g: ModelGroup) -> bool:
+        """Whether a released group's next task goes to the front (mirrors
+        front_turn in lib/groups.lua)."""
+        if self.drain:
+            return True
+        if g.weight <= 1:
+            return False
+        g.turns += 1
+        g.turns_stored = True
+        if g.turns < g.weight:
+            event("weight: a turn at the front")
+            return True
+        g.turns = 0
+        return False
+
     def fill(self, g: ModelGroup) -> None:
         while (
             not g.paused
@@ -234,7 +262,7 @@ class QueueMachine(RuleBasedStateMachine):
             and g.slots < g.limit
             and len(g.order) > g.slots
         ):
-            self.push(g.order[g.slots], front=self.drain)
+            self.push(g.order[g.slots], front=self.front_turn(g))
             g.slots += 1
 
     def route(self, task: ModelTask) -> None:
@@ -284,6 +312,17 @@ class QueueMachine(RuleBasedStateMachine):
     def backlog(self, specs: list[TaskSpec]) -> None:
         """Start with a backlog, so that even short runs have work to claim."""
         self.enqueue_batch(specs)
+
+    @initialize(
+        weights=st.lists(st.sampled_from([1, 2, 2, 3]), min_size=3, max_size=3),
+        exclusive=st.lists(st.booleans(), min_size=3, max_size=3),
+    )
+    def weigh(self, weights: list[int], exclusive: list[bool]) -> None:
+        """Start with weighted and exclusive groups, so that runs reach their
+        turns' ends and retries in exclusive groups."""
+        for name, weight, excl in zip(GROUPS, weights, exclusive, strict=True):
+            if weight > 1 or excl:
+                self.set_group(name, 1, False, weight, excl)
 
     @rule(spec=task_specs)
     def enqueue(self, spec: TaskSpec) -> None:
@@ -541,6 +580,10 @@ class QueueMachine(RuleBasedStateMachine):
                 task.state = "dead"
                 self.leave(task, halt=kind == "halt" and task.group is not None)
             elif kind == "retry" and delay > 0:
+                if task.group is not None and self.groups[task.group].exclusive:
+                    event("finish: an exclusive group's retry gives its slot on")
+                    self.leave(task)
+                    task.joined = False  # re-joins the line's tail when due
                 task.state, task.due = "delayed", self.now + delay
             elif kind == "retry":
                 task.state = "queued"
@@ -673,9 +716,14 @@ class QueueMachine(RuleBasedStateMachine):
         name=st.sampled_from(GROUPS),
         limit=st.sampled_from([1, 1, 2, 3]),
         rate=st.booleans(),
+        weight=st.sampled_from([1, 2, 2, 3]),
+        exclusive=st.booleans(),
     )
-    def set_group(self, name: str, limit: int, rate: bool) -> None:
-        """Replace a group's concurrency and rate; free slots fill at once."""
+    def set_group(
+        self, name: str, limit: int, rate: bool, weight: int, exclusive: bool = False
+    ) -> None:
+        """Replace a group's concurrency, rate, weight and ordering; free
+        slots fill at once."""
         self.run(
             _scripts.control(
                 self.client,
@@ -687,10 +735,13 @@ class QueueMachine(RuleBasedStateMachine):
                 FAR_MS if rate else "",
                 "",
                 "",
+                weight if weight > 1 else "",
+                "exclusive" if exclusive else "",
             )
         )
         g = self.groups[name]
-        g.limit, g.rate = limit, rate
+        g.limit, g.rate, g.weight = limit, rate, weight
+        g.exclusive = exclusive
         self.fill(g)
 
     @rule(name=st.sampled_from(GROUPS))
@@ -740,6 +791,18 @@ class QueueMachine(RuleBasedStateMachine):
     # -- invariants ----------------------------------------------------------
 
     @invariant()
+    def empty_groups_lose_their_turns(self) -> None:
+        """A group's hash (and its turn counter with it) goes once it holds
+        nothing: no task in order, none in its first delay, no halt."""
+        for name, g in self.groups.items():
+            first_delay = any(
+                t.group == name and t.state == "delayed" and not t.joined
+                for t in self.tasks.values()
+            )
+            if not (g.order or first_delay or g.halted):
+                g.turns, g.turns_stored = 0, False
+
+    @invariant()
     def keys_match_the_model(self) -> None:
         assert self.run(_fsck.examine(self.client, KEYS)).problems == []
         ids = sorted(self.tasks)
@@ -764,6 +827,8 @@ class QueueMachine(RuleBasedStateMachine):
             assert [_s(p) for p in line] == g.order[g.slots :], (name, g)
             assert [_s(h) for h in held] == g.held, (name, g)
             assert (_s(state.get(b"!")) if b"!" in state else None) == g.halted
+            if g.turns_stored:
+                assert int(state.get(b"tn", 0)) == g.turns, (name, g)
         assert [_s(r) for r in ready] == self.ready
         assert [_s(r) for r in pready] == [e[1] for e in self.pready]
         members = {_s(d) for d in delayed}

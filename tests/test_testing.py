@@ -391,3 +391,59 @@ def test_a_retry_after_a_later_task_is_a_violation() -> None:
     journal.entries.extend(entries)
     (problem,) = journal.problems(["a1", "a2"])
     assert "task 'a1' (attempt 2)" in problem
+
+
+async def test_a_dead_letter_whose_on_dead_comes_late_still_has_its_state(
+    redis_client: redis.asyncio.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The consumer calls on_dead once the outcome is recorded, so the drain's
+    # idle check can see the queue idle before the drain hears of the letter.
+    from aiogroupq._work.outcomes import Outcomes
+
+    real = Outcomes._call_on_dead
+
+    async def late(self: Outcomes, notice: aiogroupq.DeadLetter) -> None:
+        await anyio.sleep(0.2)
+        await real(self, notice)
+
+    monkeypatch.setattr(Outcomes, "_call_on_dead", late)
+    async with aiogroupq.Producer(redis_client, queue=QUEUE) as producer:
+        task_id = await producer.enqueue("import_rows", {"tenant": "x", "rows": []})
+    (outcome,) = await drain(
+        redis_client,
+        queue=QUEUE,
+        handlers={"import_rows": import_rows},
+        poll_interval=0.001,
+    )
+    assert (outcome.id, outcome.state) == (task_id, aiogroupq.TaskState.DEAD)
+    assert outcome.reason is not None
+
+
+async def test_run_inline_runs_a_batch_handler_on_a_list_of_payloads() -> None:
+    seen: list[list[str]] = []
+
+    async def rows(batch: list[ImportRequest]) -> list[int]:
+        seen.append([info.id for info in aiogroupq.current_batch()])
+        assert aiogroupq.current_task().id == seen[-1][0]
+        return [len(r.rows) for r in batch]
+
+    handler = aiogroupq.Handler(rows, batch_size=3, store_result=True)
+    one = {"tenant": 1, "rows": ["a", "b"]}
+    two = {"tenant": 2, "rows": ["c"]}
+    got = await run_inline(handler, [one, two], task_id="t-1", group="g")
+    assert got == [2, 1]
+    assert len(seen[0]) == 2
+    assert seen[0][0] == "t-1"
+    for bad in (one, [], [one] * 4, "rows"):
+        with pytest.raises(aiogroupq.InvalidTaskError, match="list of 1 to 3"):
+            await run_inline(handler, bad)
+    with pytest.raises(PayloadDecodeError):
+        await run_inline(handler, [one, {"tenant": "seven", "rows": []}])
+
+    async def short(batch: list[ImportRequest]) -> list[int]:
+        return [1]
+
+    with pytest.raises(ResultEncodeError, match="one result per task"):
+        await run_inline(
+            aiogroupq.Handler(short, batch_size=3, store_result=True), [one, two]
+        )

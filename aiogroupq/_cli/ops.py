@@ -240,7 +240,13 @@ async def _task(
     args: argparse.Namespace, client: Client, admin: Admin, producer: Producer
 ) -> None:
     details = await _task_details(args, admin)
-    say(show.to_json(details) if args.json else show.render_task(details))
+    # A waiting task's start estimate, where the queue's start counter is
+    # on (the page only reads: Admin.estimate() switches it on).
+    estimate = await show.estimate_of(admin._explain_estimate, details)
+    if args.json:
+        say(show.task_json(details, estimate))
+    else:
+        say(show.render_task(details, estimate))
 
 
 async def _task_details(args: argparse.Namespace, admin: Admin) -> _views.TaskDetails:
@@ -301,6 +307,22 @@ async def _dead(
 
 async def _act_on_dead(args: argparse.Namespace, client: Client, admin: Admin) -> None:
     op = args.action
+    if getattr(args, "group", None) is not None:
+        if args.ids or args.all:
+            raise _Usage("give task ids, --all or --group (one of them) to purge")
+        await _require_queue(admin, args)
+        if not args.yes:
+            raise _Failed(
+                f"this deletes every dead letter of group {args.group!r}: add "
+                "--yes to do it"
+            )
+        done = await admin.purge_group(args.group)
+        if not done:
+            raise _Failed(
+                f"group {args.group!r} has no dead letters in queue {args.queue!r}"
+            )
+        say(f"purged {show.count(done)} dead letters of group {args.group!r}")
+        return
     if bool(args.ids) == args.all:
         raise _Usage(f"give task ids or --all (not both) to {op}")
     parts = Partitions(args.queue)
@@ -514,6 +536,13 @@ def _groups_text(n: int) -> str:
 async def _cancel(
     args: argparse.Namespace, client: Client, admin: Admin, producer: Producer
 ) -> None:
+    if (args.task_id is None) == (args.group is None):
+        raise _Usage("give a task id or --group GROUP (not both)")
+    if args.running and args.group is None:
+        raise _Usage("--running goes with --group")
+    if args.group is not None:
+        await _cancel_group(args, admin)
+        return
     code = await _scripts.cancel(
         client,
         Partitions(args.queue).of_id(args.task_id),
@@ -532,6 +561,40 @@ async def _cancel(
         )
     else:
         say(f"cancelled task {args.task_id!r}")
+
+
+async def _cancel_group(args: argparse.Namespace, admin: Admin) -> None:
+    await _require_queue(admin, args)
+    if args.yes:
+        done = await admin.cancel_group(args.group, running=args.running)
+    else:
+        info = await admin.group_info(args.group)
+        waiting = info.backlog + info.delayed
+        waiting += sum(1 for h in info.holders if h.slot not in ("running", "line"))
+        running = info.running if args.running else 0
+        if waiting or running:
+            raise _Failed(
+                f"this cancels every queued and delayed task of group "
+                f"{args.group!r} ({_tasks(waiting)} now"
+                + (f", and {running} running" if running else "")
+                + "): add --yes to do it"
+            )
+        done = 0
+    if not done:
+        if not await _group_exists(admin, await admin.group_info(args.group)):
+            raise _no_group(argparse.Namespace(name=args.group, queue=args.queue))
+        raise _Failed(
+            f"group {args.group!r} has no queued or delayed task"
+            + (" and none running" if args.running else "")
+            + ": nothing to cancel"
+        )
+    if args.running:
+        say(
+            f"cancelled {_tasks(done)} of group {args.group!r} (a running one "
+            "is cancelled by its consumer at its next heartbeat)"
+        )
+    else:
+        say(f"cancelled {_tasks(done)} of group {args.group!r}")
 
 
 async def _repartition(

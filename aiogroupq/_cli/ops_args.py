@@ -174,6 +174,23 @@ def _add_dead(adder: _Adder) -> None:
         parser.add_argument(
             "--all", action="store_true", help="every dead letter there is now"
         )
+        if action == "purge":
+            parser.add_argument(
+                "--group",
+                metavar="GROUP",
+                help="every dead letter of this group (reads the queue's "
+                "whole dead set to find them)",
+            )
+            _confirmed(parser)
+
+
+def _confirmed(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--yes",
+        action="store_true",
+        help="with --group: do it (without, the command says what it would "
+        "do and exits 1)",
+    )
 
 
 def _add_acting(adder: _Adder) -> None:
@@ -208,11 +225,23 @@ def _add_acting(adder: _Adder) -> None:
     resume.add_argument("name", metavar="GROUP", nargs="?", help="default: the queue")
     cancel = adder.command(
         "cancel",
-        "cancel a task (a running one at its consumer's next heartbeat)",
+        "cancel a task, or a group's waiting tasks (a running one at its "
+        "consumer's next heartbeat)",
         "Cancel a task wherever it waits; a running task is cancelled by its "
-        "consumer at its next heartbeat.",
+        "consumer at its next heartbeat. With --group, cancel every queued "
+        "and delayed task of the group (and with --running its running ones "
+        "too); a halted group's dead task stays a dead letter.",
     )
-    cancel.add_argument("task_id", metavar="ID")
+    cancel.add_argument("task_id", metavar="ID", nargs="?", help="the task id")
+    cancel.add_argument(
+        "--group", metavar="GROUP", help="cancel this group's waiting tasks"
+    )
+    cancel.add_argument(
+        "--running",
+        action="store_true",
+        help="with --group: also cancel its running tasks",
+    )
+    _confirmed(cancel)
     repartition = adder.command(
         "repartition",
         "change a live queue's partition count, keeping every group's order",

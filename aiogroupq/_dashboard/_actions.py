@@ -1,7 +1,9 @@
 """The dashboard's actions, each the library call the operator command
 makes: pause and resume a queue or a group, release a halted group, requeue
-or purge dead letters, cancel a task. Each returns the message shown on the
-page the form came from; a bad input raises (shown as an error there)."""
+or purge dead letters (a group's with ``group``), cancel a task or a group's
+waiting tasks (``group``, with ``running=1`` its running ones too). Each
+returns the message shown on the page the form came from; a bad input
+raises (shown as an error there)."""
 
 from __future__ import annotations
 
@@ -91,6 +93,8 @@ async def requeue_dead(dash: Dashboard, queue: str, form: Form) -> str:
 
 @action
 async def purge_dead(dash: Dashboard, queue: str, form: Form) -> str:
+    if group := first(form, "group"):
+        return await _purge_group(dash, queue, form, group)
     ids = _ids(form)
     async with dash.admin(queue) as admin:
         if ids:
@@ -108,8 +112,47 @@ async def purge_dead(dash: Dashboard, queue: str, form: Form) -> str:
     return f"purged {count(done)} dead letters"
 
 
+async def _purge_group(dash: Dashboard, queue: str, form: Form, group: str) -> str:
+    """Purge the group's dead letters (the group page's form)."""
+    if form.get("id") or first(form, "all"):
+        raise ActionRefused("give task ids, all or a group, not several")
+    if first(form, "confirm") != "yes":
+        raise ActionRefused(
+            "purging a group's dead letters needs the confirmation box ticked"
+        )
+    async with dash.admin(queue) as admin:
+        done = await admin.purge_group(group)
+    if not done:
+        raise ActionRefused(f"group {group!r} has no dead letters")
+    return f"purged {count(done)} dead letters of group {group!r}"
+
+
+async def _cancel_group(dash: Dashboard, queue: str, form: Form, group: str) -> str:
+    """Cancel the group's waiting tasks, with ``running=1`` its running ones
+    too (the group page's form)."""
+    if first(form, "id"):
+        raise ActionRefused("give a task id or a group, not both")
+    if first(form, "confirm") != "yes":
+        raise ActionRefused(
+            "cancelling a group's tasks needs the confirmation box ticked"
+        )
+    running = first(form, "running") == "1"
+    async with dash.admin(queue) as admin:
+        done = await admin.cancel_group(group, running=running)
+    if not done:
+        raise ActionRefused(f"group {group!r} has no task to cancel")
+    if running:
+        return (
+            f"cancelled {count(done)} tasks of group {group!r} (a running one "
+            "is cancelled by its consumer at its next heartbeat)"
+        )
+    return f"cancelled {count(done)} tasks of group {group!r}"
+
+
 @action
 async def cancel_task(dash: Dashboard, queue: str, form: Form) -> str:
+    if group := first(form, "group"):
+        return await _cancel_group(dash, queue, form, group)
     task_id = first(form, "id")
     if not task_id:
         raise ActionRefused("name the task to cancel")

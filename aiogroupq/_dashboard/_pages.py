@@ -9,6 +9,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
+from .._inspect.render import estimate_of, estimate_text
 from .._inspect.views import GroupInfo, GroupState
 from ..errors import AiogroupqError, InvalidGroupError, TaskNotFoundError
 from ..task import TaskState
@@ -152,7 +153,12 @@ async def group_page(dash: Dashboard, view: View) -> Response:
 @page
 async def task_page(dash: Dashboard, view: View) -> Response:
     task_id = view.request.query_params.get("id", "").strip()
-    context: dict[str, Any] = {"task_id": task_id, "task": None, "result": None}
+    context: dict[str, Any] = {
+        "task_id": task_id,
+        "task": None,
+        "result": None,
+        "estimate": None,
+    }
     if not task_id:
         return dash.render(
             view.request, "task.html", context, access=view.access, queue=view.queue
@@ -169,7 +175,11 @@ async def task_page(dash: Dashboard, view: View) -> Response:
                 queue=view.queue,
                 status=404,
             )
+        # A waiting task's start estimate, where the queue's start counter
+        # is on (the page only reads: Admin.estimate() switches it on).
+        estimate = await estimate_of(admin._explain_estimate, details)
     context["task"] = details
+    context["estimate"] = None if estimate is None else estimate_text(estimate)
     if dash.show_payloads:
         context["payload"] = _as_text(details.payload)
         if details.has_result and details.state == TaskState.SUCCEEDED:

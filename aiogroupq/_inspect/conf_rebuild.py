@@ -44,12 +44,14 @@ if TYPE_CHECKING:
 
 #: the queue's settings, the same in every partition (Admin.configure,
 #: Admin.pause write them to each)
-SETTINGS: Final = ("fair", "pause", "c", "rn", "rp", "age")
-#: flags a script sets once something is in use
-_FLAGS: Final = ("pu", "gc", "uq")
+SETTINGS: Final = ("fair", "pause", "c", "rn", "rp", "age", "wt")
+#: flags a script sets once something is in use (est: Admin.estimate's)
+_FLAGS: Final = ("pu", "gc", "uq", "est")
 _KNOWN: Final = frozenset({*SETTINGS, *_FLAGS, "parts"})
 #: the most slots a group may have (Admin's MAX_CONCURRENCY)
 _MAX_CONCURRENCY: Final = 10_000
+#: the highest weight of a group (Admin.set_group's)
+_MAX_WEIGHT: Final = 100
 _POSITIVE: Final = re.compile(r"[1-9][0-9]{0,17}")
 _SEPARATORS: Final = re.compile(r"[\s,;&]+")
 
@@ -67,6 +69,8 @@ def _valid(name: str, value: str) -> bool:
             return False
     if not _POSITIVE.fullmatch(value):
         return False
+    if name == "wt":
+        return int(value) <= _MAX_WEIGHT
     return name != "c" or int(value) <= _MAX_CONCURRENCY
 
 

@@ -11,6 +11,7 @@ __all__ = (
     "BAD_ENVELOPE",
     "BAD_FENCE",
     "BAD_LAYOUT",
+    "BAD_SETTING",
     "BAD_TASK",
     "DUPLICATE",
     "GROUP_OVERLAP",
@@ -99,6 +100,12 @@ BAD_LAYOUT: Final = "bad-layout"
 #: never look there), ``gc`` while groups have settings (they would be
 #: ignored), ``uq`` while tasks hold unique keys (never freed)
 BAD_CONF: Final = "bad-conf"
+#: a stored setting no aiogroupq call writes: a group's weight (``wt`` of
+#: ``gconf:<g>``) or the queue's default weight (``wt`` of ``conf``) that is
+#: not an integer from 1 to 100, or a group's ordering (``o``) that is not
+#: ``exclusive``; the scripts take it as unset (the default), and the repair
+#: removes it
+BAD_SETTING: Final = "bad-setting"
 
 
 @dataclass(frozen=True, slots=True)

@@ -262,6 +262,10 @@ def _group(
         consumers_alive=alive,
         now=now,
         next_due_at=first_due,
+        weight=_int(row[20], 1) if len(row) > 20 else 1,
+        ordering="exclusive"
+        if len(row) > 21 and _opt_text(row[21]) == "exclusive"
+        else "strict",
     )
     state, reason = group_reason(
         info, ready=ready, retry=retry, held=held, horizon=horizon

@@ -26,6 +26,7 @@ from .._inspect.views import (
     TaskDetails,
     span_text,
 )
+from .estimate import StartEstimate, shown
 from .printable import json_printable, printable
 
 if TYPE_CHECKING:
@@ -254,6 +255,8 @@ def render_group(info: GroupInfo) -> str:
             [
                 ("why", info.reason),
                 ("running", f"{info.running} of concurrency {info.concurrency}"),
+                ("weight", str(info.weight)),
+                ("ordering", info.ordering),
                 ("next", head),
                 ("in line", count(info.backlog) + since),
                 ("delayed", count(info.delayed) + _first_due(info)),
@@ -317,7 +320,34 @@ def _indent(text: str) -> str:
     return "\n".join("  " + line for line in text.splitlines())
 
 
-def render_task(t: TaskDetails) -> str:
+#: a waiting task's estimate, or why it has none, for a task's page
+estimate_of: Final = shown
+
+
+def estimate_text(estimate: StartEstimate | str | None) -> str:
+    """A waiting task's start estimate (or why it has none) for people."""
+    if estimate is None:
+        return "-"
+    if isinstance(estimate, str):
+        return estimate
+    at = estimate.starts_at
+    return f"{until(estimate.now, at)} ({clock(at)}): {estimate.basis}"
+
+
+def task_json(details: TaskDetails, estimate: StartEstimate | str | None) -> str:
+    """``task --json``: the task's view, with ``estimate`` (an object, or
+    ``null`` with ``estimate_note`` saying why) for a waiting task."""
+    data: dict[str, Any] = msgspec.to_builtins(details)
+    if details.state in ("queued", "delayed"):
+        if isinstance(estimate, StartEstimate):
+            data["estimate"] = msgspec.to_builtins(estimate)
+        else:
+            data["estimate"] = None
+            data["estimate_note"] = estimate or ""
+    return to_json(data)
+
+
+def render_task(t: TaskDetails, estimate: StartEstimate | str | None = None) -> str:
     now = t.now
     where = "-"
     if t.slot is not None:
@@ -337,6 +367,7 @@ def render_task(t: TaskDetails) -> str:
         ("consumer", consumer_text(now, t.consumer, t.consumer_alive, t.consumer_heartbeat)),
         ("lease ends", until(now, t.lease_deadline)),
         ("due", until(now, t.due_at)),
+        ("expected start", estimate_text(estimate)),
         ("runnable since", ago(now, t.runnable_since)),
         ("enqueued", f"{clock(t.enqueued_at)} ({ago(now, t.enqueued_at)})"),
         ("ended", f"{clock(t.ended_at)} ({ago(now, t.ended_at)})" if t.ended_at else "-"),

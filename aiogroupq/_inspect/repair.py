@@ -13,7 +13,8 @@ ones left sound:
 2. *tasks*: a live task whose hash is damaged (missing fields, an envelope
    that does not decode or is too large, an unknown state) is dead-lettered
    with a ``Corrupt:`` reason, out of wherever it waits, its slot passed on;
-3. *flags*: a ``conf`` flag the scripts rely on is set again;
+3. *flags*: a ``conf`` flag the scripts rely on is set again, a bad stored
+   weight or ordering removed;
 4. *places*: each task with a wrong, doubled or missing entry gets exactly
    one, where its state says (a lost task of a group's line goes back at its
    place, by the time it became runnable and then its id; a running one gets
@@ -48,6 +49,7 @@ from .._store.scripts import REPAIR
 from ..errors import CorruptQueueError
 from . import check as fsck, problems as problem_kinds, snapshot as _snapshot
 from .conf_rebuild import conf_step
+from .rules import slotless_retries
 
 if TYPE_CHECKING:
     from redis.typing import EncodableT
@@ -76,7 +78,7 @@ _STAGES: Final = (
             }
         ),
     ),
-    ("flags", frozenset({problem_kinds.BAD_CONF})),
+    ("flags", frozenset({problem_kinds.BAD_CONF, problem_kinds.BAD_SETTING})),
     (
         "places",
         frozenset(
@@ -313,7 +315,14 @@ def _plan_flags(
         flags.append("gc")
     if any(t.unique for t in live):
         flags.append("uq")
-    return [_Step(("flag", name)) for name in flags if snap.conf.get(name) != "1"]
+    steps = [_Step(("flag", name)) for name in flags if snap.conf.get(name) != "1"]
+    # A bad stored weight or ordering goes: the default applies.
+    steps.extend(
+        _Step(("setting", p.group or ""), None, p.group)
+        for p in problems
+        if p.kind == problem_kinds.BAD_SETTING
+    )
+    return steps
 
 
 def _plan_places(
@@ -371,12 +380,17 @@ def _plan_groups(
     steps = []
     for group, ids in sorted(fixes.items()):
         state = snap.groups.get(group, _snapshot.GroupState())
+        # Retries holding no slot (an exclusive group's) count as first
+        # delays, as the check counts them.
+        tasks = [t for t in snap.tasks.values() if t.group == group]
+        slotless = slotless_retries(snap, group, state, tasks)
         first_delay = sum(
             1
-            for t in snap.tasks.values()
-            if t.group == group
-            and t.state == "delayed"
-            and not (_is_int(t.attempt) and int(t.attempt or 0) > 0)
+            for t in tasks
+            if t.state == "delayed"
+            and (
+                not (_is_int(t.attempt) and int(t.attempt or 0) > 0) or t.id in slotless
+            )
         )
         held = set(snap.held.get(group, []))
         moving = [i for i in ids if i not in state.marks and (i in ready or i in held)]

@@ -9,7 +9,11 @@ group's order (see docs/scaling.md).
    new partition. A group's tasks in its old partition therefore all end (or
    die) before its new partition holds any: a group is never live in two
    partitions. Ungrouped tasks go by the new count at once. Consumers claim
-   from the union of old and new partitions meanwhile.
+   from the union of old and new partitions meanwhile. Each group's own
+   settings (concurrency, rate, max size, priority, weight, ordering,
+   pause) are
+   copied to its new partition, before and after the layout changes;
+   ``Admin.set_group`` writes both while the move is under way.
 2. **Finish**, once no group is live in a partition other than its new one
    and no partition beyond the new count holds tasks (dead letters
    included): every layout becomes ``K'`` (partition 0 first). Until then,
@@ -23,6 +27,8 @@ completed by the next client that reads the layout (``_layout.heal``).
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Final
+
+from redis.exceptions import ResponseError
 
 from .._store import layout as _layout, scripts as _scripts
 from .._store.connection import node_of
@@ -49,6 +55,7 @@ async def start(client: Client, parts: Partitions, target: int) -> Layout:
     if layout.target == target:
         parts.layout = layout  # started already: complete the start
         await _layout.heal(client, parts)
+        await _move_settings(client, parts, layout)
         return layout
     if layout.migrating:
         raise ConfigurationError(
@@ -60,6 +67,8 @@ async def start(client: Client, parts: Partitions, target: int) -> Layout:
             f"queue {parts.queue!r} has {target} partitions already"
         )
     moving = Layout(layout.parts, target)
+    # Before the switch too: a group may move as soon as it changes.
+    await _move_settings(client, parts, moving)
     was = await _scripts.meta(
         client, parts.keys(0), "cas", layout.text(), moving.text()
     )
@@ -69,7 +78,42 @@ async def start(client: Client, parts: Partitions, target: int) -> Layout:
         )
     parts.layout = moving
     await _layout.heal(client, parts)
+    # Again after: a set_group in between wrote the old partition only.
+    await _move_settings(client, parts, moving)
     return moving
+
+
+async def _move_settings(client: Client, parts: Partitions, moving: Layout) -> None:
+    """Copy each group's own settings to the partition it moves to, with
+    the ``control.lua`` calls a ``set_group`` (and ``pause_group``) makes
+    there, so that the flags they need (``gc``, ``pu``) follow. One SCAN of
+    each old partition's settings keys, one call per group that moves."""
+    for partition in range(moving.parts):
+        keys = parts.keys(partition)
+        skip = len(keys.prefix) + len("gconf:")
+        async for raw in client.scan_iter(
+            match=keys.pattern("gconf:"), count=1000, **node_of(client, keys.ready)
+        ):
+            name = bytes(raw)[skip:]
+            try:
+                homes = moving.homes(crc(name.decode("utf-8", "surrogatepass")))
+            except UnicodeDecodeError:
+                continue  # no group name aiogroupq writes
+            if len(homes) < 2:
+                continue
+            try:
+                stored: dict[Any, Any] = await client.hgetall(raw)
+            except ResponseError:
+                continue  # damaged: the check reports it
+            conf = {
+                bytes(k).decode(errors="replace"): bytes(v) for k, v in stored.items()
+            }
+            new = parts.keys(homes[1])
+            fields = ("c", "rn", "rp", "mx", "pr", "wt", "o")
+            values = [conf.get(f, b"") for f in fields]
+            await _scripts.control(client, new, "group", name, *values)
+            if conf.get("p") == b"1":
+                await _scripts.control(client, new, "pause", name)
 
 
 async def blockers(client: Client, parts: Partitions) -> tuple[list[str], int]:

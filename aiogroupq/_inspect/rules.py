@@ -27,6 +27,7 @@ from .problems import (
     BAD_ENVELOPE,
     BAD_FENCE,
     BAD_LAYOUT,
+    BAD_SETTING,
     BAD_TASK,
     DUPLICATE,
     GROUP_OVERLAP,
@@ -49,6 +50,46 @@ from .problems import (
     sort_problems,
 )
 from .snapshot import RATE_WAKE, GroupState, Snapshot, Task, _is_int
+
+#: a group's weight, in its settings hash and (the default) in ``conf``
+WEIGHT_FIELD: Final = "wt"
+#: a weighted group's turns at the ready front in a row, in its state hash
+TURN_FIELD: Final = "tn"
+#: highest weight (Admin's MAX_WEIGHT)
+MAX_WEIGHT: Final = 100
+
+
+def slotless_retries(
+    snap: Snapshot, g: str, state: GroupState, tasks: Iterable[Task]
+) -> set[str]:
+    """The retries of *g* that wait out their backoff holding no slot,
+    counted as first delays (d): an exclusive group's. One may outlast a
+    change of its group back to strict (it re-joins the line's tail when
+    due), which the group's count tells from a lost mark: the count includes
+    such retries, and a lost mark leaves it as it was."""
+    unmarked = {
+        t.id
+        for t in tasks
+        if t.state == "delayed"
+        and _is_int(t.attempt)
+        and int(t.attempt or 0) > 0
+        and t.id not in state.marks
+    }
+    if not unmarked or snap.settings(g).get("o") == "exclusive":
+        return unmarked
+    first = sum(
+        1
+        for t in tasks
+        if t.state == "delayed" and not (_is_int(t.attempt) and int(t.attempt or 0) > 0)
+    )
+    counted = state.d if state.d is not None and _is_int(state.d) else "0"
+    return unmarked if int(counted) == first + len(unmarked) else set()
+
+
+def valid_weight(value: str) -> bool:
+    """Whether *value* is a weight ``Admin`` could have stored."""
+    return value.isascii() and value.isdigit() and 1 <= int(value) <= MAX_WEIGHT
+
 
 #: the states of a task that has not ended
 LIVE: Final = frozenset({"queued", "delayed", "running"})
@@ -363,8 +404,11 @@ class _Checker:
         held = set(snap.held.get(g, []))
         in_line = set(snap.parks.get(g, []))
         first_delay = 0
+        slotless = slotless_retries(snap, g, state, tasks)
         for task in tasks:
             expected = self.expected_mark(task, ready, held, in_line)
+            if expected == "r" and task.id in slotless:
+                expected = "first"
             if expected == "first":
                 first_delay += 1
             self.check_mark(g, task, state.marks.get(task.id), expected, key)
@@ -421,6 +465,8 @@ class _Checker:
                     BAD_COUNT, None, g, f"{name} is {have!r}, counted {want}", key
                 )
         for name in state.other:
+            if name == TURN_FIELD:
+                continue  # a weighted group's turns (any value: read as 0 if bad)
             self.report(BAD_COUNT, None, g, f"field {name!r} no script writes", key)
         if g in self.snap.groups and not (
             state.marks or first_delay or line or state.halted is not None
@@ -571,6 +617,7 @@ class _Checker:
                 "the scripts ignore them",
                 key,
             )
+        self.check_weights()
         if snap.conf.get("uq") != "1" and any(t.unique for t in live):
             self.report(
                 BAD_CONF,
@@ -580,6 +627,41 @@ class _Checker:
                 "would not free them",
                 key,
             )
+
+    def check_weights(self) -> None:
+        """Stored weights (the queue's default, each group's own) and
+        orderings that no call of ``Admin`` writes."""
+        snap = self.snap
+        default = snap.conf.get(WEIGHT_FIELD)
+        if default is not None and not valid_weight(default):
+            self.report(
+                BAD_SETTING,
+                None,
+                None,
+                f"the queue's default weight is {default!r}, not an integer "
+                f"from 1 to {MAX_WEIGHT}: groups run at weight 1",
+                self.keys.conf,
+            )
+        for g, fields in sorted(snap.gconf.items()):
+            ordering = fields.get("o")
+            if ordering is not None and ordering != "exclusive":
+                self.report(
+                    BAD_SETTING,
+                    None,
+                    g,
+                    f"ordering is {ordering!r}, not 'exclusive': the group is strict",
+                    self.keys.group_conf(g),
+                )
+            weight = fields.get(WEIGHT_FIELD)
+            if weight is not None and not valid_weight(weight):
+                self.report(
+                    BAD_SETTING,
+                    None,
+                    g,
+                    f"weight is {weight!r}, not an integer from 1 to "
+                    f"{MAX_WEIGHT}: the group runs at the queue's default weight",
+                    self.keys.group_conf(g),
+                )
 
     def check_fence(self) -> None:
         tokens = [

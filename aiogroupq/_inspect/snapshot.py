@@ -53,6 +53,7 @@ FIXED: Final = {
     "dead": "zset",
     "conf": "hash",
     "stats": "hash",
+    "starts": "hash",
     "pready": "zset",
     "pseq": "string",
     "backlog": "zset",

@@ -145,6 +145,10 @@ class GroupInfo:
     :ivar next_due_at: when its first delayed task is due, for a group whose
         only tasks are delayed ones (found among the queue's first 1,000
         delayed tasks), else ``None``
+    :ivar weight: its share of starts under backlog relative to other
+        groups (its own weight, else the queue's default; 1 unless set)
+    :ivar ordering: ``"strict"`` (a retry holds the group) or
+        ``"exclusive"`` (later tasks run while a retry waits)
     """
 
     group: str
@@ -169,6 +173,8 @@ class GroupInfo:
     consumers_alive: int
     now: float
     next_due_at: float | None = None
+    weight: int = 1
+    ordering: Literal["strict", "exclusive"] = "strict"
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,9 @@
               after a lost reply) is answered with the tasks the first one
               claimed, instead of claiming more
   ARGV[9]     retention of expired and cancelled tasks in ms
+  ARGV[10]    batch handlers (lib/batch.lua): how many task types, then each
+              type and its batch size; absent or 0: none, and nothing of
+              batches runs
   returns  {wait_ms, more, now_ms, {dead}, {problems}, {expired ids},
             id1, envelope1, attempt1, token1, due1, max_attempts1, id2, ...}
            wait_ms: ms until the next delayed task (or rate-limited
@@ -34,6 +37,8 @@
            due: when the task became runnable (server ms): its enqueue, the
            end of its delay or retry backoff, its group's turn
            max_attempts: the task's own (the hash's, which recovery uses)
+           With batch handlers each task has a 7th value: 1 for a member of
+           the batch of the task before it (lib/batch.lua), else 0.
   Effects: (a) each expired lease's task goes back to the front as its
            group's continuation (or, past its last attempt, is
            dead-lettered and its slot passed on); (b) due delayed tasks join
@@ -53,6 +58,7 @@
 --- @include "groups"
 --- @include "ends"
 --- @include "recovery"
+--- @include "batch"
 
 local consumer, k = ARGV[2], tonumber(ARGV[3])
 local lease_ms, scan_limit = tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -61,6 +67,15 @@ local nonce, retention = ARGV[8], tonumber(ARGV[9])
 if not (k and lease_ms and scan_limit and promote_limit and recover_limit and retention)
     or lease_ms <= 0 or nonce == '' then
   return redis.error_reply('ERR aiogroupq claim: malformed arguments')
+end
+local batch_sizes = nil
+if ARGV[10] and ARGV[10] ~= '0' then
+  local types = tonumber(ARGV[10])
+  if not types or #ARGV ~= 10 + 2 * types then
+    return redis.error_reply('ERR aiogroupq claim: malformed arguments')
+  end
+  batch_sizes = {}
+  for j = 0, types - 1 do batch_sizes[ARGV[11 + 2 * j]] = tonumber(ARGV[12 + 2 * j]) end
 end
 local inflight, last_key = KEYS[7], KEYS[8]
 local bad = check_fixed({ K_DELAYED, 'zset', K_LEASES, 'zset', K_DEAD, 'zset',
@@ -96,12 +111,13 @@ end
 local last = redis.call('GET', last_key)
 if last and string.sub(last, 1, #nonce + 1) == nonce .. ':' then
   for id in string.gmatch(string.sub(last, #nonce + 2), '[^,]+') do
-    local f = redis.pcall('HMGET', k_task(id), 'e', 'a', 'k', 's', 'c', 'dt', 'm')
+    local f = redis.pcall('HMGET', k_task(id), 'e', 'a', 'k', 's', 'c', 'dt', 'm', 'bh')
     if not wrong_type(f) and f[4] == 'running' and f[5] == consumer then
       for _, v in ipairs({ id, f[1], tonumber(f[2]), tonumber(f[3]), tonumber(f[6]) or now,
           tonumber(f[7]) or 1 }) do
         out[#out + 1] = v
       end
+      if batch_sizes then out[#out + 1] = f[8] and 1 or 0 end
     end
   end
   return reply()
@@ -111,9 +127,15 @@ local readied = 0
 
 -- (a) Recovery comes before any claim, so an interrupted task is at the front
 -- of its group again before a later task of its group could be looked at.
+-- A task of a batch brings its batch's members back with it: every task
+-- moved counts against RECOVER_BUDGET, and once it is spent the rest waits
+-- for the next claim (the script's time stays bounded).
+local RECOVER_BUDGET, recovered = 1000, 0
 for _, id in ipairs(redis.call('ZRANGEBYSCORE', K_LEASES, '-inf', now, 'LIMIT', 0, recover_limit)) do
-  local became, problem, reason = recover(id, now, 'lease expired', true, retention)
-  if became == 'dead' then dead_letter(id, reason) end
+  if recovered + MOVED >= RECOVER_BUDGET then break end
+  recovered = recovered + 1
+  local became, problem, reason, who = recover(id, now, 'lease expired', true, retention)
+  if became == 'dead' then dead_letter(who or id, reason) end
   if problem then problems[#problems + 1] = problem end
 end
 
@@ -223,10 +245,34 @@ end
 -- key's members are written once, after the loop (nothing in it reads them).
 local ids, claimed, first_token, leases = {}, 0, nil, {}
 
+-- A batch handler's head takes its members from its group's line, each
+-- with a token of its own, listed in the reply right after it. At most
+-- 1,000 members a call in all: the script's time stays bounded (a head
+-- that finds the budget spent runs with fewer).
+local member_budget = 1000
+local function take_batch(head, G, i, bx)
+  if bx then return end -- its batch was recovered: it runs alone (batch.lua)
+  local typ = type_of(i)
+  local n = batch_sizes[typ]
+  if not n or n < 2 or not batch_allowed(G, 0) then return end
+  local found = batch_candidates(G, typ, math.min(n - 1, member_budget), now)
+  if #found == 0 then return end
+  member_budget = member_budget - #found
+  local first = redis.call('INCRBY', K_FENCE, #found) - #found + 1
+  claim_members(G, head, found, first, consumer, now, true)
+  reply_members(found, out, ids, leases, now, lease_ms, 1)
+end
+
 local function take(id)
   if not_an_id(id, 'the ready list') then return end
   local key = k_task(id)
-  local f = redis.pcall('HMGET', key, 'e', 'g', 's', 'a', 'm', 'xp', 'dt')
+  -- With batch handlers the same read brings the type and bx take_batch needs.
+  local f
+  if batch_sizes then
+    f = redis.pcall('HMGET', key, 'e', 'g', 's', 'a', 'm', 'xp', 'dt', 'i', 'bx')
+  else
+    f = redis.pcall('HMGET', key, 'e', 'g', 's', 'a', 'm', 'xp', 'dt')
+  end
   if wrong_type(f) then
     problems[#problems + 1] = key .. ' is not a task hash (' .. f.err .. '): ready entry dropped'
     return
@@ -294,11 +340,15 @@ local function take(id)
   end
   if xp then redis.call('HDEL', key, 'xp') end
   claimed = claimed + 1
-  ids[claimed] = id
-  leases[2 * claimed - 1], leases[2 * claimed] = now + lease_ms, id
+  ids[#ids + 1] = id
+  leases[#leases + 1], leases[#leases + 2] = now + lease_ms, id
   local o = #out
   out[o + 1], out[o + 2], out[o + 3] = id, f[1], attempt + 1
   out[o + 4], out[o + 5], out[o + 6] = token, tonumber(f[7]) or now, tonumber(f[5])
+  if batch_sizes then
+    out[o + 7] = 0
+    if G then take_batch(id, G, f[8], f[9]) end
+  end
 end
 
 if not conf().paused then
@@ -315,6 +365,32 @@ if claimed > 0 then
   call_many(redis.call, 'SADD', inflight, ids)
 end
 bump('started', claimed)
+-- Admin.estimate's rolling start counter, kept only once an estimate was
+-- asked for (conf est): a field per second of server time holding its
+-- starts; a new second drops those past the 30 s window (_inspect/
+-- estimate.py reads it). Statistics only: a damaged key or field is left to
+-- the check and never fails the claim, whose writes are done.
+if claimed > 0 and conf().est then
+  local window, sec = 30, math.floor(now / 1000)
+  local n = redis.pcall('HINCRBY', K_STARTS, string.format('%d', sec), claimed)
+  if n == claimed then
+    local old = {}
+    for s = sec - 2 * window + 1, sec - window do old[#old + 1] = string.format('%d', s) end
+    redis.pcall('HDEL', K_STARTS, unpack(old))
+    -- More left: seconds of a busy spell before a long idle one (or of a
+    -- clock set back, or damage). Only those outside the window go: the
+    -- window's own seconds are the samples estimates read.
+    local left = redis.pcall('HLEN', K_STARTS)
+    if type(left) == 'number' and left > window then
+      local gone = {}
+      for _, f in ipairs(redis.call('HKEYS', K_STARTS)) do
+        local s = tonumber(f)
+        if not s or s <= sec - window or s > sec then gone[#gone + 1] = f end
+      end
+      call_many(redis.pcall, 'HDEL', K_STARTS, gone)
+    end
+  end
+end
 redis.call('SET', last_key, nonce .. ':' .. table.concat(ids, ','), 'PX', lease_ms)
 if readied > 0 then wake(readied) end
 return reply()

@@ -5,17 +5,20 @@
   KEYS[3]     {aiogroupq:<q>}:wake     LIST wake tokens that blocked fetchers BLPOP
   ARGV[1]     key prefix
   ARGV[2]     the operation, its arguments after it:
-    "group" g c rn rp mx pr   replace group g's settings ("" for each one the
-                              group leaves to the queue's default): c
-                              concurrency, rn starts per rp ms (rn 0: no
-                              limit), mx most live tasks, pr default priority
+    "group" g c rn rp mx pr wt o  replace group g's settings ("" for each
+                              one the group leaves to the queue's default):
+                              c concurrency, rn starts per rp ms (rn 0: no
+                              limit), mx most live tasks, pr default
+                              priority, wt weight (1-100), o ordering
+                              ("exclusive", or "" for strict)
     "pause" g [w]             stop starting group g's tasks; w: the start
                               window in ms (see returns)
     "resume" g                restart starting group g's tasks
-    "queue" fair c rn rp age  replace the queue's settings ("" for the
+    "queue" fair c rn rp age wt  replace the queue's settings ("" for the
                               default): fair "drain" or "" (round-robin),
                               c default group concurrency, rn/rp default
-                              rate, age priority aging in ms per level
+                              rate, age priority aging in ms per level, wt
+                              default group weight
     "qpause" / "qresume"      stop / restart all claims of the queue
     "refill" g1 g2 ...        give free slots of these groups to their lines
                               (after the defaults changed; callers send the
@@ -67,24 +70,32 @@ if op == 'group' then
   local key = k_gconf(g)
   local cur = redis.pcall('HGET', key, 'p')
   if wrong_type(cur) then return corrupt(key, cur.err) end
+  -- Every key the call needs is checked before its first write: a refused
+  -- call leaves the settings as they were, not half replaced.
+  local pr = tonumber(ARGV[8] or '')
+  local prio = pr and pr > 0 and not CONF.prio
+  if prio then
+    local pbad = preflight({ K_PREADY, 'zset', K_PSEQ, 'string' })
+    if pbad then return pbad end
+  end
+  local _, err = loaded(g)
+  if err then return err end
+  GROUPS[g] = nil -- read again once its new settings are written
   redis.call('DEL', key)
   local fields = {}
-  for i, name in ipairs({ 'c', 'rn', 'rp', 'mx', 'pr' }) do
-    if ARGV[3 + i] ~= '' then fields[#fields + 1] = name; fields[#fields + 1] = ARGV[3 + i] end
+  for i, name in ipairs({ 'c', 'rn', 'rp', 'mx', 'pr', 'wt', 'o' }) do
+    local value = ARGV[3 + i] or '' -- (older callers send fewer)
+    if value ~= '' then fields[#fields + 1] = name; fields[#fields + 1] = value end
   end
   if cur then fields[#fields + 1] = 'p'; fields[#fields + 1] = cur end
   if #fields > 0 then redis.call('HSET', key, unpack(fields)) end
   redis.call('HSET', K_CONF, 'gc', 1)
   CONF.gconf = true
-  if ARGV[8] ~= '' and tonumber(ARGV[8]) > 0 and not CONF.prio then
-    local pbad = preflight({ K_PREADY, 'zset', K_PSEQ, 'string' })
-    if pbad then return pbad end
+  if prio then
     redis.call('HSET', K_CONF, 'pu', 1)
     CONF.prio = true
   end
-  local G, err = loaded(g)
-  if not G then return err end
-  readied = fill(G)
+  readied = fill(group(g))
 elseif op == 'pause' or op == 'resume' then
   local g = ARGV[3]
   local key = k_gconf(g)
@@ -96,24 +107,27 @@ elseif op == 'pause' or op == 'resume' then
     local window = tonumber(ARGV[4] or '')
     if window and window > 0 then wait = start_wait(g, window) end
   else
+    local _, err = loaded(g) -- before the first write, as for "group"
+    if err then return err end
+    GROUPS[g] = nil
     redis.call('HDEL', key, 'p')
     redis.call('SREM', K_PAUSED, g)
     CONF.gconf = true
-    local G, err = loaded(g)
-    if not G then return err end
-    readied = unshelve(G)
+    readied = unshelve(group(g))
   end
 elseif op == 'queue' then
-  redis.call('HDEL', K_CONF, 'fair', 'c', 'rn', 'rp', 'age')
-  local fields = {}
-  for i, name in ipairs({ 'fair', 'c', 'rn', 'rp', 'age' }) do
-    if ARGV[2 + i] ~= '' then fields[#fields + 1] = name; fields[#fields + 1] = ARGV[2 + i] end
-  end
-  if ARGV[7] ~= '' then
+  local aging = (ARGV[7] or '') ~= ''
+  if aging then -- before the first write, as for "group"
     local pbad = preflight({ K_PREADY, 'zset', K_PSEQ, 'string' })
     if pbad then return pbad end
-    fields[#fields + 1] = 'pu'; fields[#fields + 1] = 1
   end
+  redis.call('HDEL', K_CONF, 'fair', 'c', 'rn', 'rp', 'age', 'wt')
+  local fields = {}
+  for i, name in ipairs({ 'fair', 'c', 'rn', 'rp', 'age', 'wt' }) do
+    local value = ARGV[2 + i] or '' -- (older callers send fewer)
+    if value ~= '' then fields[#fields + 1] = name; fields[#fields + 1] = value end
+  end
+  if aging then fields[#fields + 1] = 'pu'; fields[#fields + 1] = 1 end
   if #fields > 0 then redis.call('HSET', K_CONF, unpack(fields)) end
 elseif op == 'qpause' then
   redis.call('HSET', K_CONF, 'pause', 1)

@@ -13,7 +13,11 @@
     kind       "ok"      succeeded; arg1 is the encoded result to keep, or ""
                "retry"   run again after arg1 ms (counts as an attempt); arg2
                          is the error that caused it. A grouped task keeps its
-                         slot: no later task of the group starts before it.
+                         slot: no later task of the group starts before it;
+                         in an exclusive group (ordering "exclusive") its
+                         slot passes on during the backoff, and it re-joins
+                         the tail of its group's line when due (claim.lua
+                         promotes it as it would a first delay)
                "dead"    dead-letter with reason arg1 and traceback arg2; the
                          group passes on to its next task
                "halt"    the same, but the group stops behind the dead task
@@ -23,6 +27,12 @@
                          becomes "cancel" too)
                "back"    hand back unfinished (shutdown): front of its group,
                          the attempt not counted
+               "line"    a member of a batch not judged (lib/batch.lua): to
+                         the front of its group's line, the attempt not
+                         counted, its slot dropped without passing it on
+                         (the batch's other tasks hold theirs); a batch's
+                         lines come in reverse order, so that the line
+                         keeps their order, and its head's outcome last
     arg1, arg2 as above ("" where unused)
   returns  one code per outcome: 1 applied, 3 applied as "cancel" (a
            cancellation was requested), 2 already applied by an earlier call
@@ -38,12 +48,14 @@
 --- @include "ready"
 --- @include "groups"
 --- @include "ends"
+--- @include "batch"
 
 local retention, n = tonumber(ARGV[2]), tonumber(ARGV[3])
 if not retention or not n or #ARGV ~= 3 + 5 * n then
   return redis.error_reply('ERR aiogroupq finish: malformed arguments')
 end
-local KINDS = { ok = true, retry = true, dead = true, halt = true, cancel = true, back = true }
+local KINDS = { ok = true, retry = true, dead = true, halt = true, cancel = true, back = true,
+  line = true }
 local halting = false
 for i = 0, n - 1 do
   local kind = ARGV[4 + 5 * i + 2]
@@ -67,11 +79,13 @@ local codes, readied, delayed_earlier = {}, 0, false
 -- one is no longer running: an id twice in a batch is answered 2 again).
 DEFER_DROPS = true
 local unleased, unclaimed = {}, {}
+-- Heads of batches (lib/batch.lua) ended here: {id, member list, G}.
+local ended_heads = {}
 
 -- Apply one outcome whose token owns the running task; returns its code.
 local function apply(id, token, kind, arg1, arg2, f)
   local key = k_task(id)
-  local converted = f[6] and (kind == 'retry' or kind == 'back')
+  local converted = f[6] and (kind == 'retry' or kind == 'back' or kind == 'line')
   if converted then kind = 'cancel' end
   unleased[#unleased + 1] = id
   if f[4] then
@@ -82,9 +96,11 @@ local function apply(id, token, kind, arg1, arg2, f)
     end
     of[#of + 1] = id
   end
+  if f[9] or f[10] or f[11] then redis.call('HDEL', key, 'bh', 'bm', 'bx') end -- batch over
   local g, G = f[3], nil
   if g then
     G = group(g)
+    if G and f[10] and not f[9] then ended_heads[#ended_heads + 1] = { id, f[10], G } end
     if not G then -- end the task on its own; its group stays as it is
       if kind == 'ok' or kind == 'cancel' then
         conclude(id, kind == 'ok' and 'succeeded' or 'cancelled', now, retention, f[7] ~= false, token)
@@ -111,7 +127,13 @@ local function apply(id, token, kind, arg1, arg2, f)
       redis.call('HSET', key, 's', 'queued', 'dt', now)
       readied = readied + 1
     else
-      if G then set_mark(G, id, 'r') end
+      if G and G.exclusive then
+        -- Counted as a first delay meanwhile (d), holding no slot.
+        G.d, G.dirty = G.d + 1, true
+        readied = readied + release(G, id)
+      elseif G then
+        set_mark(G, id, 'r')
+      end
       local first = redis.call('ZRANGE', K_DELAYED, 0, 0, 'WITHSCORES')
       if not first[2] or now + delay < tonumber(first[2]) then delayed_earlier = true end
       redis.call('ZADD', K_DELAYED, now + delay, id)
@@ -120,7 +142,11 @@ local function apply(id, token, kind, arg1, arg2, f)
   elseif kind == 'dead' or kind == 'halt' then
     redis.call('HSET', key, 'f', token)
     readied = readied + bury(id, G, true, now, arg1, arg2, kind == 'halt')
-  else -- back
+  elseif kind == 'line' and G then
+    redis.call('HDEL', key, 'c')
+    if not back_in_line(G, id, now, token) then return 4 end
+    readied = readied + fill(G) -- the batch's last slot dropped: the line moves
+  else -- back (a line of no group too)
     redis.call('HDEL', key, 'c')
     redis.call('HSET', key, 'f', token, 's', 'queued')
     incr(key, 'a', -1)
@@ -133,7 +159,8 @@ end
 for i = 0, n - 1 do
   local b = 4 + 5 * i
   local id, token = ARGV[b], ARGV[b + 1]
-  local f = redis.pcall('HMGET', k_task(id), 'k', 's', 'g', 'c', 'f', 'cx', 'w', 'p')
+  local f = redis.pcall('HMGET', k_task(id), 'k', 's', 'g', 'c', 'f', 'cx', 'w', 'p', 'bh', 'bm',
+    'bx')
   if wrong_type(f) then
     codes[#codes + 1] = 5
   elseif f[1] == token and f[2] == 'running'
@@ -144,6 +171,15 @@ for i = 0, n - 1 do
   else
     codes[#codes + 1] = 0
   end
+end
+-- A head's outcome comes after its members' (the consumer sends it last):
+-- a member still running under it now was left without an outcome (its
+-- lease was lost, or its consumer abandoned it). Nobody would line it in
+-- order once the head's member list is gone, so it goes back now, the
+-- batch's members in their order, ahead of the rest of the line.
+for _, h in ipairs(ended_heads) do
+  line_members(h[2], h[1], h[3], now, retention)
+  readied = readied + fill(h[3])
 end
 call_many(redis.call, 'ZREM', K_LEASES, unleased)
 for consumer, of in pairs(unclaimed) do

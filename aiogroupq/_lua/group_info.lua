@@ -16,7 +16,9 @@
             {group description (describe() in lib/inspect.lua), then when
              its first delayed task is due and, if that is not known, the
              time before which none is (both false unless the group has
-             only delayed tasks)}, ...}
+             only delayed tasks), then its weight (its own, else the
+             queue's default), then its ordering ("strict" or
+             "exclusive")}, ...}
            The listings take at most count groups per call (a page), so no
            call walks every group.
   errors   "aiogroupq corrupt <key>: ..." if a fixed key it reads is damaged
@@ -74,6 +76,10 @@ for _, row in ipairs(rows) do
     local due = only_delayed[row[1]] and dues[row[1]] or false
     row[#row + 1] = due
     row[#row + 1] = only_delayed[row[1]] and not due and horizon or false
+    local G = group(row[1]) -- read by describe(): no command
+    row[#row + 1] = G and G.wt or 1
+    row[#row + 1] = G and G.exclusive and 'exclusive' or 'strict'
+
   end
 end
 return out

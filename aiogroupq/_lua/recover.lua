@@ -51,16 +51,20 @@ local n, readied, dead_ids = 0, 0, {}
 for _, id in ipairs(redis.call('SMEMBERS', KEYS[7])) do
   if not keep[id] then
     local owner = redis.pcall('HGET', k_task(id), 'c')
+    local became, reason, who
     if owner == consumer then
-      n = n + 1
-      local became, _, reason = recover(id, now, 'consumer restarted', counted, retention)
+      local _problem
+      became, _problem, reason, who = recover(id, now, 'consumer restarted', counted, retention, keep)
+      if became ~= 'kept' then n = n + 1 end
       if became == 'ready' then readied = readied + 1 end
       if became == 'dead' then
-        dead_ids[#dead_ids + 1] = id
+        dead_ids[#dead_ids + 1] = who or id
         dead_ids[#dead_ids + 1] = reason
       end
     end
-    redis.call('SREM', KEYS[7], id)
+    -- A kept member (its head still runs: lib/recovery.lua) stays in the
+    -- recovery key, for the recovery that meets its batch later.
+    if became ~= 'kept' then redis.call('SREM', KEYS[7], id) end
   end
 end
 flush()

@@ -50,6 +50,11 @@
     "stat" field want seen  set a stats counter, if it still reads *seen*
     "fence" max           raise the fence counter to at least *max*
     "flag" name           set a conf flag (pu, gc or uq) to 1
+    "setting" g           remove group g's stored weight and ordering
+                          ("": the queue's default weight) where they hold
+                          a value no call writes (a weight not from 1 to
+                          100, an ordering not "exclusive"), so that the
+                          default applies
     "conf" type why f v ...  rebuild the conf hash, if it is still of *type*
                           (the wrong one the check saw) or gone: delete it
                           and write the fields f v ... the repair could
@@ -359,8 +364,8 @@ local function regroup(g, d_seen, d_want, fixes)
       marks[string.sub(name, 3)] = value
     elseif name == '!' then
       halted = value
-    elseif name ~= 'k' and name ~= 'd' and name ~= 'w' then
-      other[#other + 1] = name
+    elseif name ~= 'k' and name ~= 'd' and name ~= 'w' and name ~= 'tn' then
+      other[#other + 1] = name -- (tn: a weighted group's turns, kept)
     end
   end
   -- What the mark of a task of g must be, from its state and place: a token,
@@ -530,6 +535,22 @@ elseif op == 'flag' then
   if not bad and redis.call('HGET', K_CONF, name) ~= '1' then
     redis.call('HSET', K_CONF, name, 1)
     note('conf ' .. name .. ' = 1')
+  end
+elseif op == 'setting' then
+  local g = ARGV[3] or ''
+  local key = g == '' and K_CONF or k_gconf(g)
+  bad = preflight({ key, 'hash' })
+  if not bad then
+    local v, o = unpack(redis.call('HMGET', key, 'wt', 'o'))
+    local n = v and string.find(v, '^%d+$') and tonumber(v)
+    if v and not (n and n >= 1 and n <= 100) then
+      redis.call('HDEL', key, 'wt')
+      note('removed weight ' .. v .. ' of ' .. key)
+    end
+    if o and g ~= '' and o ~= 'exclusive' then
+      redis.call('HDEL', key, 'o')
+      note('removed ordering ' .. o .. ' of ' .. key)
+    end
   end
 elseif op == 'conf' then
   local t = redis.call('TYPE', K_CONF)

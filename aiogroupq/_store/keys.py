@@ -70,6 +70,7 @@ class QueueKeys:
         "pseq",
         "queue",
         "ready",
+        "starts",
         "stats",
         "waiting",
         "wake",
@@ -88,6 +89,9 @@ class QueueKeys:
         self.dead = p + "dead"  # ZSET id -> time dead-lettered (ms)
         self.conf = p + "conf"  # HASH the queue's settings
         self.stats = p + "stats"  # HASH counters kept by the scripts
+        # HASH second -> starts: the rolling start counter of estimates
+        # (kept by claim.lua only once conf has ``est``)
+        self.starts = p + "starts"
         self.pready = p + "pready"  # ZSET runnable ids once priorities are used
         self.pseq = p + "pseq"  # STRING the score sequence of pready
         self.backlog = p + "backlog"  # ZSET group -> tasks in its line

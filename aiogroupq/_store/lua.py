@@ -24,9 +24,8 @@ Every script builds most of its keys from the prefix in ``ARGV[1]``, which
 nothing ties to the KEYS a call declares: a raw call declaring queue A's
 keys with queue B's prefix would write into B, outside what it declared (and
 on a cluster, outside the slot it was routed by). So each script starts by
-checking, with one string comparison, that its first key is the prefix's:
-its first fixed key must be ``ARGV[1] .. '<name>'``, and a script without
-fixed keys must have a first key that starts with ``ARGV[1]``. Otherwise it
+checking that every key it is given is the prefix's: each fixed key must be
+``ARGV[1] .. '<name>'``, and every other key must start with ``ARGV[1]``. Otherwise it
 answers ``aiogroupq foreign-keys`` having done nothing, raised as
 :class:`~aiogroupq.ConfigurationError`.
 """
@@ -94,25 +93,30 @@ _COMMENT: Final = re.compile(r"--\[\[.*?\]\]|--[^\n]*", re.DOTALL)
 #: prefix in its ARGV[1]
 FOREIGN_KEYS: Final = "aiogroupq foreign-keys"
 _FOREIGN_REPLY: Final = (
-    f"return redis.error_reply('{FOREIGN_KEYS}: KEYS[1] is not a key of the "
+    f"return redis.error_reply('{FOREIGN_KEYS}: a key of KEYS is not one of the "
     "queue whose prefix is ARGV[1]; nothing was done')"
 )
 
 
 def _binding(names: Sequence[str]) -> str:
-    """The Lua lines that check the call's first key against its prefix
+    """The Lua lines that check the call's keys against its prefix
     (``ARGV[1]``), then bind each declared fixed key to its ``K_<NAME>``."""
+    # The call's own keys after the fixed ones (a task's hash, a consumer's
+    # recovery key): each is the prefix and more.
+    own = (
+        f"for i = {len(names) + 1}, #KEYS do "
+        "if string.sub(KEYS[i], 1, #ARGV[1]) ~= ARGV[1] then "
+        f"{_FOREIGN_REPLY} end end\n"
+    )
     if not names:
-        # The call's own keys only (a task's hash, a consumer's name): each
-        # is the prefix and more.
-        return (
-            "if KEYS[1] and string.sub(KEYS[1], 1, #ARGV[1]) ~= ARGV[1] then "
-            f"{_FOREIGN_REPLY} end\n"
-        )
-    check = f"if KEYS[1] ~= ARGV[1] .. '{names[0]}' then {_FOREIGN_REPLY} end\n"
+        return own
+    fixed = " or ".join(
+        f"KEYS[{i}] ~= ARGV[1] .. '{name}'" for i, name in enumerate(names, 1)
+    )
+    check = f"if {fixed} then {_FOREIGN_REPLY} end\n"
     local = ", ".join(f"K_{name.upper()}" for name in names)
     keys = ", ".join(f"KEYS[{i}]" for i in range(1, len(names) + 1))
-    return f"{check}local {local} = {keys}\n"
+    return f"{check}{own}local {local} = {keys}\n"
 
 
 def _error_of(reply: ResponseError) -> AiogroupqError | None:

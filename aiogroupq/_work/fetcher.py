@@ -131,6 +131,9 @@ class FetchContext:
     outcomes: Outcomes
     #: the run's damaged keys
     watch: DamageWatch
+    #: the task types of batch handlers and their sizes (claim.lua takes a
+    #: batch's members with its head); empty: no batch handler
+    batches: tuple[tuple[str, int], ...] = ()
 
     def local_lease(self) -> float:
         """Seconds a claim or heartbeat keeps a handler running."""
@@ -149,6 +152,76 @@ class Fetchers:
         self._parts = parts
         self._fetchers: dict[int, Fetcher] = {}
         self._stopped = asyncio.Event()
+
+    async def top_up(
+        self, client: Client, head: Running, task_type: str, most: int
+    ) -> int:
+        """Add up to *most* tasks of *head*'s group's line to its batch
+        (``batch_extend.lua``), held and leased as claimed ones; return how
+        many, or -1 when the batch must not grow any more (see
+        :data:`~.runner.TopUp`). With *most* 0, only whether *head* may
+        grow at all: -1 for a recovered batch's head, which runs alone.
+
+        A call that failed (or was cancelled) may have run and its reply been
+        lost: members we do not know may be claimed for the batch. The batch
+        is then abandoned unstarted (:meth:`~.runner.Running.abandon`): no
+        outcome, no renewal; its leases expire and recovery brings it back
+        whole, in order."""
+        ctx = self.ctx
+        keys = self._parts.of_id(head.claimed.id)
+        if most < 1:
+            return await self._alone(client, keys, head)
+        sent_at = anyio.current_time()
+        try:
+            added = await _scripts.batch_extend(
+                client,
+                keys,
+                ctx.name,
+                head.claimed,
+                task_type,
+                most=most,
+                lease_ms=round(ctx.lease_ttl * 1000),
+                replication=ctx.replication,
+            )
+        except Exception as exc:  # noqa: BLE001 - any failure: the reply is lost
+            logger.warning(
+                "could not top up the batch of %s (%s); the batch is abandoned "
+                "unstarted and comes back when its leases expire",
+                head.claimed.id,
+                exc,
+            )
+            head.abandon()
+            return -1
+        except BaseException:  # the shutdown's cancellation: as lost a reply
+            head.abandon()
+            raise
+        deadline = sent_at + ctx.local_lease()
+        members = []
+        for claimed in added.tasks:
+            running = Running(claimed, deadline=deadline, start_by=head.start_by)
+            running.head = head
+            ctx.running[claimed.id] = running
+            members.append(running)
+        ctx.counters.claimed += len(members)
+        if not added.replicated:
+            # Not started: a failover could lose the claim (as a claim's).
+            # The batch runs as it is: a next top-up could take tasks behind
+            # these before their hand-back is recorded.
+            for running in reversed(members):
+                ctx.outcomes.hand_back(running)
+            return -1
+        head.members = [*head.members, *members]
+        return len(members)
+
+    async def _alone(self, client: Client, keys: QueueKeys, head: Running) -> int:
+        """-1 if *head* heads a recovered batch, which runs alone (``bx``,
+        ``lib/batch.lua``: batch_extend would add nothing for it), else 0."""
+        try:
+            alone = await client.hexists(keys.task(head.claimed.id), "bx")
+        except REDIS_FAILURES as exc:  # read-only: nothing lost, fill as usual
+            logger.debug("could not read the batch of %s: %s", head.claimed.id, exc)
+            return 0
+        return -1 if alone else 0
 
     def stop(self) -> None:
         """Stop claiming: close the slots and wake every fetcher."""
@@ -304,6 +377,7 @@ class Fetcher:
                     scan_limit=k + 64,
                     retention_ms=ctx.retention_ms,
                     replication=ctx.replication,
+                    batches=ctx.batches,
                 )
             except CorruptQueueError as exc:  # refused before writing
                 ctx.slots.give(k)
@@ -322,12 +396,14 @@ class Fetcher:
                 await self._block(None, backoff)
                 backoff = min(backoff * 2, _BACKOFF_MAX)
                 continue
-            ctx.slots.give(k - len(reply.tasks))
+            # A batch's members come with their head, in its handler slot.
+            heads = sum(not claimed.member for claimed in reply.tasks)
+            ctx.slots.give(k - heads)
             watch.succeeded(self._who)
             backoff = _BACKOFF_FIRST
             self._hand_out(reply, sent_at, send)
             if not reply.replicated:
-                ctx.slots.give(len(reply.tasks))
+                ctx.slots.give(heads)
                 # Not started: a failover now could lose the claim, and
                 # the task would run twice at once. Wait for a replica.
                 logger.warning(
@@ -339,7 +415,7 @@ class Fetcher:
                 await self._block(None, backoff)
                 backoff = min(backoff * 2, _BACKOFF_MAX)
                 continue
-            if len(reply.tasks) == k or reply.more:
+            if heads == k or reply.more:
                 continue
             # A pop ends up to a server tick (~100 ms) after its timeout:
             # a task due within a tick past the cap gets the timer too.
@@ -407,9 +483,16 @@ class Fetcher:
         deadline = sent_at + ctx.local_lease()
         start_by = sent_at + START_WINDOW
         held, replicated = ctx.running, reply.replicated
+        heads: list[Running] = []
         for claimed in reply.tasks:
             running = Running(claimed, deadline=deadline, start_by=start_by)
             held[claimed.id] = running
+            if claimed.member and heads:
+                running.head = heads[-1]
+                heads[-1].members = [*heads[-1].members, running]
+            else:
+                heads.append(running)
+        for running in heads:
             if replicated:
                 send.put(running)
             else:

@@ -2,7 +2,8 @@
 
 Handlers hand their outcome over without waiting; while one batch is in
 flight, the next one gathers, so the batch size adapts to the load with no
-added delay. A batch whose reply was lost is sent again: ``finish.lua`` is
+added delay. A batch whose reply was lost is sent again, ahead of what came
+meanwhile (a partition's outcomes apply in order): ``finish.lua`` is
 idempotent per fencing token. So is a batch refused for a damaged queue key:
 its outcomes stay queued until the key is repaired (see ``damage.py``).
 """
@@ -79,6 +80,7 @@ class Finisher:
                 parts.setdefault(self._parts.of_id(outcome.id), []).append(outcome)
             done: list[tuple[_scripts.Outcome, FinishCode]] = []
             failed: list[_scripts.Outcome] = []
+            refused: set[QueueKeys] = set()
 
             async def send(keys: QueueKeys, outcomes: list[_scripts.Outcome]) -> None:
                 who = f"finish:{keys.partition}"
@@ -88,6 +90,7 @@ class Finisher:
                     )
                 except CorruptQueueError as exc:  # nothing written: kept for later
                     self._watch.refused(who, exc, leases=keys.leases)
+                    refused.add(keys)
                     failed.extend(outcomes)
                     return
                 except REDIS_FAILURES as exc:
@@ -109,9 +112,16 @@ class Finisher:
                     for keys, outcomes in parts.items():
                         tg.start_soon(send, keys, outcomes)
             del self._pending[: len(batch)]
-            # Behind what came meanwhile: a partition refused for a damaged
-            # key must not fill every next batch and hold back the others.
-            self._pending.extend(failed)
+            if failed:
+                # Ahead of what came meanwhile: a partition's outcomes apply
+                # in order (a batch's: its members lined up last first, its
+                # head last). A partition refused for a damaged key goes
+                # behind the others, whole and in order, so as not to fill
+                # every next batch and hold them back.
+                self._pending[:0] = failed
+                if refused:
+                    of_id = self._parts.of_id
+                    self._pending.sort(key=lambda o: of_id(o.id) in refused)
         for outcome, code in done:
             self._on_done(outcome, code)
         return not failed

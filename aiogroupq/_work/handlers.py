@@ -6,19 +6,27 @@ from __future__ import annotations
 import functools
 import inspect
 import typing
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import msgspec
 
 from .._store.codec import payload_decoder
+from .._store.defaults import START_WINDOW
 from .._store.validate import setting_seconds
 from ..errors import ConfigurationError
 
 HandlerFunc = Callable[..., Awaitable[Any]]
 """``async def handler(payload)`` (or with no parameter)."""
+
+#: the largest batch_size: a claim takes a batch in one script call
+MAX_BATCH_SIZE: Final = 1000
+#: the longest batch_wait, in seconds: a task of a group starts within
+#: START_WINDOW of its claim or goes back (a pause of its group waits that
+#: long for what was claimed before it), so a batch may wait only less
+MAX_BATCH_WAIT: Final = START_WINDOW - 1.0
 
 
 class Handler:
@@ -37,10 +45,21 @@ class Handler:
         goes on with its next task; ``"halt"``: the group stops behind it until
         :meth:`Admin.requeue_dead` or :meth:`Admin.release_group`.
         Dead-lettering by lease expiry on the last attempt always continues.
+    :param batch_size: make it a batch handler: ``func`` receives a list of
+        up to this many payloads (1 to 1000), consecutive tasks of one group
+        in enqueue order, run as one (see "Ordered group batches" in
+        docs/usage.md); a task without a group comes as a batch of one.
+        With *store_result*, ``func`` returns None or a list of one result
+        per task
+    :param batch_wait: seconds (at most 2) a batch that is not full waits
+        for more tasks of its group before its handler starts (only with
+        *batch_size*)
     :raises ConfigurationError: for an unusable option
     """
 
     __slots__ = (
+        "batch_size",
+        "batch_wait",
         "func",
         "no_retry",
         "on_dead",
@@ -60,6 +79,8 @@ class Handler:
         no_retry: tuple[type[BaseException], ...] = (),
         store_result: bool = False,
         on_dead: Literal["continue", "halt"] = "continue",
+        batch_size: int | None = None,
+        batch_wait: float | timedelta = 0.0,
     ) -> None:
         self.func: HandlerFunc = func
         self.timeout: float | None = _optional("timeout", timeout, minimum=0.001)
@@ -80,8 +101,34 @@ class Handler:
                 f"on_dead must be 'continue' or 'halt', got {on_dead!r}"
             )
         self.on_dead: Literal["continue", "halt"] = on_dead
+        if batch_size is not None and (
+            isinstance(batch_size, bool)
+            or not isinstance(batch_size, int)
+            or not 1 <= batch_size <= MAX_BATCH_SIZE
+        ):
+            raise ConfigurationError(
+                f"batch_size must be an int from 1 to {MAX_BATCH_SIZE}, "
+                f"got {batch_size!r}"
+            )
+        #: the most tasks per call of a batch handler; None: not one
+        self.batch_size: int | None = batch_size
+        wait = setting_seconds("batch_wait", batch_wait)
+        if wait > MAX_BATCH_WAIT:
+            raise ConfigurationError(
+                f"batch_wait must be at most {MAX_BATCH_WAIT:g} seconds (a task "
+                f"of a group starts within {START_WINDOW:g}s of its claim), "
+                f"got {batch_wait!r}"
+            )
+        if wait and batch_size is None:
+            raise ConfigurationError("batch_wait needs batch_size (a batch handler)")
+        self.batch_wait: float = wait
 
     def __repr__(self) -> str:
+        if self.batch_size is not None:
+            return (
+                f"aiogroupq.Handler({self.func!r}, on_dead={self.on_dead!r}, "
+                f"batch_size={self.batch_size!r})"
+            )
         return f"aiogroupq.Handler({self.func!r}, on_dead={self.on_dead!r})"
 
 
@@ -105,6 +152,21 @@ class Route:
         """The payload type as a reader would write it."""
         t = self.payload_type
         return getattr(t, "__name__", None) or repr(t)
+
+
+def _item_type(name: str, annotation: Any) -> Any:
+    """A batch handler's payload type: X of its ``list[X]`` (or
+    ``Sequence[X]``) annotation, Any for a bare or Any one."""
+    if annotation is Any:
+        return Any
+    origin = typing.get_origin(annotation)
+    if annotation in (list, Sequence) or origin in (list, Sequence):
+        args = typing.get_args(annotation)
+        return args[0] if args else Any
+    raise ConfigurationError(
+        f"the batch handler for {name!r} takes a list of payloads: annotate "
+        f"it list[X], not {annotation!r}"
+    )
 
 
 def _is_async(func: object) -> bool:
@@ -156,6 +218,11 @@ def _route(name: object, handler: HandlerFunc | Handler) -> Route:
             f"it requires {len(required)}"
         )
     if not params:
+        if options.batch_size is not None:
+            raise ConfigurationError(
+                f"batch handler for {name!r} must take one parameter, the "
+                "list of payloads"
+            )
         return Route(func, payload_decoder(Any), Any, False, options)
     first = params[0]
     payload_type: Any = Any
@@ -173,6 +240,8 @@ def _route(name: object, handler: HandlerFunc | Handler) -> Route:
                 f"{name!r}: {exc}"
             ) from exc
         payload_type = hints.get(first.name, Any)
+        if options.batch_size is not None:
+            payload_type = _item_type(name, payload_type)
     try:
         decoder = payload_decoder(payload_type)
     except TypeError as exc:

@@ -8,11 +8,15 @@ over all its runs); an :class:`Outcomes` lives for one run, with its client.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
+
+import anyio
 
 from .._store import scripts as _scripts
 from .._store.codec import dead_letter
@@ -69,6 +73,7 @@ _COUNTED: Final = {
     "halt": ("dead", EventKind.DEAD),
     "cancel": ("cancelled", EventKind.CANCELLED),
     "back": ("handed_back", EventKind.HANDED_BACK),
+    "line": ("handed_back", EventKind.HANDED_BACK),
 }
 
 
@@ -109,6 +114,10 @@ class Outcomes:
         self._side_tasks = side_tasks
         # Dead letters whose on_dead call waits for their outcome's recording.
         self._notices: dict[str, DeadLetter] = {}
+        # on_dead calls under way: a closing consumer waits for them.
+        self._hooks = 0
+        self._hooks_done = asyncio.Event()
+        self._hooks_done.set()
         self.finisher = Finisher(
             client,
             parts,
@@ -125,9 +134,12 @@ class Outcomes:
         self.finisher.submit(outcome)
 
     def hand_back(self, running: Running) -> None:
-        """Give a task back unstarted, to the front of its group, uncounted."""
+        """Give a task back unstarted, to the front of its group, uncounted
+        (a batch's members to the front of its group's line behind it)."""
+        running.line_members(self.finisher.submit)
         claimed = running.claimed
-        self.finisher.submit(_scripts.Outcome(claimed.id, claimed.token, "back"))
+        kind = "line" if running.head is not None else "back"
+        self.finisher.submit(_scripts.Outcome(claimed.id, claimed.token, kind))
 
     def lease_lost(self, running: Running) -> None:
         """The heartbeat found the lease lost and the handler stopped: no
@@ -149,7 +161,7 @@ class Outcomes:
             self._dead_log.log(ids, reasons, self._telemetry.extra)
         self._telemetry.dead_elsewhere(ids)
         if ids and self._on_dead is not None:
-            self._side_tasks.start_soon(self._notify_dead, ids)
+            self._hook(functools.partial(self._notify_dead, ids))
 
     async def close(self, timeout: float) -> None:
         """Record what is pending within *timeout* (the run is ending)."""
@@ -161,6 +173,34 @@ class Outcomes:
                 left,
             )
 
+    async def hooks_done(self, timeout: float) -> None:
+        """Wait up to *timeout* for the on_dead calls under way (the run is
+        ending; its side tasks are cancelled next)."""
+        with anyio.move_on_after(timeout):
+            await self._hooks_done.wait()
+        if self._hooks:
+            logger.warning(
+                "%d on_dead calls did not finish within %.1f s of the shutdown "
+                "and were cancelled",
+                self._hooks,
+                timeout,
+            )
+
+    def _hook(self, call: Callable[[], Awaitable[None]]) -> None:
+        """Run an on_dead call beside the handlers, counted from now (a
+        closing consumer waits for it even if it has not started yet)."""
+        self._hooks += 1
+        self._hooks_done.clear()
+        self._side_tasks.start_soon(self._run_hook, call)
+
+    async def _run_hook(self, call: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await call()
+        finally:
+            self._hooks -= 1
+            if not self._hooks:
+                self._hooks_done.set()
+
     def _recorded(self, outcome: _scripts.Outcome, code: FinishCode) -> None:
         running = self._running.get(outcome.id)
         if running is not None and running.claimed.token != outcome.token:
@@ -168,7 +208,7 @@ class Outcomes:
         self._forget(outcome.id, outcome.token)
         notice = self._notices.pop(outcome.id, None)
         if notice is not None and code is FinishCode.APPLIED:
-            self._side_tasks.start_soon(self._call_on_dead, notice)
+            self._hook(functools.partial(self._call_on_dead, notice))
         if code is FinishCode.LEASE_LOST:
             self.counters.lease_lost += 1
             self._telemetry.refused(outcome.kind, outcome.id, running)

@@ -10,7 +10,7 @@ import random
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Final
@@ -20,8 +20,8 @@ from .._store.defaults import START_WINDOW
 from .._store.scripts import Claimed, Outcome
 from .._telemetry.events import EventKind, Observers
 from .._telemetry.log import describe, short, task_extra
-from ..errors import Retry
-from ..task import DeadLetter, Envelope, TaskInfo, _current
+from ..errors import BatchFailed, Retry
+from ..task import DeadLetter, Envelope, TaskInfo, _batch, _current
 
 if TYPE_CHECKING:
     from .handlers import Route
@@ -64,8 +64,11 @@ class Running:
         "deadline",
         "duration",
         "frame",
+        "head",
         "info",
         "lost",
+        "members",
+        "settled",
         "start_by",
         "stopped_by",
     )
@@ -99,6 +102,13 @@ class Running:
         self._until = math.inf
         self._handle: asyncio.Handle | None = None
         self._when = math.inf
+        #: a batch's head: its members, in order (they run in its handler);
+        #: a tuple, so that a task of no batch allocates nothing for it
+        self.members: Sequence[Running] = ()
+        #: a batch's member: its head, whose handler runs it
+        self.head: Running | None = None
+        #: a member's outcome was submitted (or will never be: lease lost)
+        self.settled = False
 
     def extend(self, deadline: float) -> None:
         """Move the local lease deadline: a renewal holds the lease until then."""
@@ -113,6 +123,29 @@ class Running:
         drop whatever it returns."""
         self.lost = True
         self._stop("lease")
+        # A batch runs as one: a member's lease lost means the whole batch
+        # was recovered (lib/batch.lua), so its handler stops.
+        if self.head is not None and not self.head.lost:
+            self.head.mark_lost()
+
+    def line_members(self, send: Callable[[Outcome], object]) -> None:
+        """Send the members of this head's batch that have no outcome back
+        to the front of their group's line, last first (each goes to the
+        front), so that the line keeps their order; nothing when the lease
+        was lost (the batch comes back whole)."""
+        for member in reversed(self.members):
+            if not member.settled:
+                member.settled = True
+                if not self.lost:
+                    claimed = member.claimed
+                    send(Outcome(claimed.id, claimed.token, "line"))
+
+    def abandon(self) -> None:
+        """Give up a batch before its handler started, with no outcome (a
+        top-up's reply was lost: the batch may hold members we do not know):
+        dropped as a lost lease's are, the batch comes back whole when its
+        leases expire."""
+        self.lost = True
 
     def request_cancel(self) -> None:
         """Someone asked to cancel the task: stop the handler (once)."""
@@ -218,6 +251,13 @@ class RetryPolicy:
 
 
 Submit = Callable[[Outcome, DeadLetter | None], None]
+#: top up a batch: ``topup(head, task_type, most)`` claims up to *most*
+#: more tasks of the head's group (``batch_extend.lua``), adds them to
+#: ``head.members`` and returns how many it added, or -1 when the batch must
+#: not grow any more (the call failed and the head was abandoned, or what it
+#: took was handed back unreplicated); *most* 0 only asks whether the head
+#: may grow at all (-1: a recovered batch's head, which runs alone)
+TopUp = Callable[["Running", str, int], Awaitable[int]]
 
 
 def _reason(exc: BaseException) -> str:
@@ -406,8 +446,10 @@ async def run_task(
     *,
     max_payload_bytes: int,
     observers: Observers | None = None,
+    topup: TopUp | None = None,
 ) -> None:
-    """Run one claimed task and submit its outcome.
+    """Run one claimed task (or a batch: *running* with its members) and
+    submit its outcome.
 
     Never raises for anything the task does or holds, except the cancellation
     of the consumer itself (shutdown), after handing the task back: whatever
@@ -417,7 +459,7 @@ async def run_task(
         running, submit, Observers("") if observers is None else observers
     )
     try:
-        await _run(attempt, running, routes, policy, max_payload_bytes)
+        await _run(attempt, running, routes, policy, max_payload_bytes, topup)
     except Exception as exc:
         # A bug of ours, met by this task only: fail the task, not the
         # consumer (a crash would come back on every claim of it).
@@ -426,8 +468,14 @@ async def run_task(
             attempt.about(),
             extra=attempt.extra(),
         )
+        if running.members:
+            _line_rest(running, submit)
         if not attempt.sent:
             attempt.dead(f"InternalError: {_reason(exc)}", _trace(exc))
+    finally:
+        if running.members:
+            # The head was rejected, or handed back before its batch ran.
+            _line_rest(running, submit)
 
 
 def _out_of_range(envelope: Envelope) -> str:
@@ -446,12 +494,17 @@ async def _run(
     routes: dict[str, Route],
     policy: RetryPolicy,
     max_payload_bytes: int,
+    topup: TopUp | None = None,
 ) -> None:
     """The attempt's steps: decode, invoke the handler under its lease and
     timeout, conclude; a task that cannot run is rejected on the way."""
     envelope = _decode(attempt, routes, max_payload_bytes)
     if envelope is None:
         return  # rejected
+    if attempt.route.options.batch_size is not None:
+        batch = _Batch(attempt, running, envelope, policy)
+        await batch.run(routes, max_payload_bytes, topup)
+        return
     task = asyncio.current_task()
     assert task is not None
     now = task.get_loop().time()
@@ -666,3 +719,245 @@ def _succeeded(attempt: _Attempt, duration: float | None) -> None:
         logger.debug(
             "%s succeeded in %.3fs", attempt.about(), duration, extra=attempt.extra()
         )
+
+
+def _line_rest(head: Running, submit: Submit) -> None:
+    head.line_members(lambda outcome: submit(outcome, None))
+
+
+class _Batch:
+    """One run of a batch handler (``Handler(batch_size=N)``): the head's
+    attempt and its members', whose outcomes are sent together at the end:
+    the members given back first (``line``), then the judged ones, the
+    head's last (``finish.lua`` keeps the head's member list until then,
+    for a recovery that meets the batch half finished)."""
+
+    def __init__(
+        self,
+        head: _Attempt,
+        running: Running,
+        envelope: Envelope,
+        policy: RetryPolicy,
+    ) -> None:
+        self.head = head
+        self.running = running
+        self.envelope = envelope
+        self.policy = policy
+        self.route = head.route
+        #: the outcomes submitted so far, by the task's place in the batch
+        self.judged: list[tuple[int, Outcome, DeadLetter | None]] = []
+        #: the attempts that run in the handler, in order
+        self.runs: list[_Attempt] = [head]
+        self._submit = head._submit
+        head._submit = self._collector(0)
+
+    def _collector(self, place: int) -> Submit:
+        def collect(outcome: Outcome, notice: DeadLetter | None) -> None:
+            self.judged.append((place, outcome, notice))
+
+        return collect
+
+    async def run(
+        self,
+        routes: dict[str, Route],
+        max_payload_bytes: int,
+        topup: TopUp | None,
+    ) -> None:
+        try:
+            await self._run(routes, max_payload_bytes, topup)
+        finally:
+            self._flush()
+
+    def _flush(self) -> None:
+        running, submit = self.running, self._submit
+        self.head._submit = submit  # an internal error's outcome goes out
+        for place, _, _ in self.judged:
+            if place:
+                running.members[place - 1].settled = True
+        _line_rest(running, submit)
+        if running.lost:
+            return  # the batch was recovered: nothing of it is ours to judge
+        for _, outcome, notice in sorted(self.judged, key=_place, reverse=True):
+            submit(outcome, notice)
+
+    async def _fill(self, topup: TopUp) -> None:
+        """Wait up to batch_wait for more tasks of the group (a little less
+        than the start window of the claim: the batch must start in it)."""
+        running, options = self.running, self.route.options
+        size = options.batch_size
+        assert size is not None
+        loop = asyncio.get_running_loop()
+        until = min(
+            loop.time() + options.batch_wait,
+            running.start_by - 0.5,
+            running.deadline - 0.5,
+        )
+        step = max(0.01, options.batch_wait / 10)
+        alone = size > 1 and not running.members
+        if alone and await topup(running, self.envelope.type, 0) < 0:
+            return  # a recovered batch's head: it runs alone
+        while len(running.members) + 1 < size:
+            left = until - loop.time()
+            if left <= 0:
+                return
+            await asyncio.sleep(min(left, step))
+            if running.lost:
+                return
+            most = size - 1 - len(running.members)
+            if await topup(running, self.envelope.type, most) < 0:
+                return
+
+    async def _run(
+        self,
+        routes: dict[str, Route],
+        max_payload_bytes: int,
+        topup: TopUp | None,
+    ) -> None:
+        running, head, envelope = self.running, self.head, self.envelope
+        options = self.route.options
+        try:
+            if options.batch_wait and envelope.group is not None and topup is not None:
+                await self._fill(topup)
+            if running.lost:
+                return
+            task = asyncio.current_task()
+            assert task is not None
+            now = task.get_loop().time()
+            if now >= running.deadline or (
+                envelope.group is not None and now >= running.start_by
+            ):
+                # As for a single task (see _run): not started, handed back
+                # uncounted, its members to the front of the line behind it.
+                head.outcome("back")
+                return
+            envelopes = [envelope]
+            for place, member in enumerate(running.members, 1):
+                attempt = _Attempt(member, self._collector(place), head.observers)
+                found = _decode(attempt, routes, max_payload_bytes)
+                if found is None:
+                    break  # rejected: the members after it go back to the line
+                if attempt.route is not self.route:
+                    # Another type (a damaged hash): it and those after it go
+                    # back to the line, to run as heads of their own.
+                    break
+                self.runs.append(attempt)
+                envelopes.append(found)
+        except asyncio.CancelledError:
+            # The shutdown, before the handler started: the head goes back
+            # uncounted, its members behind it (_flush), as an unstarted
+            # claim's; an abandoned batch sends nothing.
+            if not running.lost and not head.sent:
+                head.outcome("back")
+            raise
+        await self._call(task, envelopes)
+
+    async def _call(self, task: asyncio.Task[Any], envelopes: list[Envelope]) -> None:
+        running, head, route, policy = self.running, self.head, self.route, self.policy
+        timeout = (
+            route.options.timeout
+            if self.envelope.timeout_ms is None
+            else self.envelope.timeout_ms / 1000
+        )
+        infos = [
+            _begin(attempt, envelope)
+            for attempt, envelope in zip(self.runs, envelopes, strict=True)
+        ]
+        context_token = _current.set(infos[0])
+        batch_token = _batch.set(infos)
+        stopped, result = None, None
+        running.frame = sys._getframe()
+        started = time.perf_counter()
+        running.begin(task, timeout)
+        try:
+            with head.observers.handler(infos[0]):
+                result = await route.func([attempt.payload for attempt in self.runs])
+        except asyncio.CancelledError:
+            stopped = running.end(cancelled=True)
+            if stopped is None:
+                head.outcome("back")  # shutdown: the whole batch goes back
+                raise
+        except BatchFailed as exc:
+            running.end(cancelled=False)
+            self._took(started)
+            self._failed_at(exc)
+            return
+        except Exception as exc:  # noqa: BLE001 - any handler error is an outcome
+            running.end(cancelled=False)
+            self._took(started)
+            head.failed(
+                policy, exc, delay=exc.delay if isinstance(exc, Retry) else None
+            )
+            return
+        else:
+            running.end(cancelled=False)
+        finally:
+            running.end(cancelled=True)
+            running.frame = None
+            _batch.reset(batch_token)
+            _current.reset(context_token)
+        self._took(started)
+        if stopped is not None:
+            # Stopped as a single task is, and judged as one: the head's
+            # outcome; the members go back to the line behind it.
+            _conclude(head, policy, None, stopped, timeout)
+            return
+        self._succeeded(result)
+
+    def _took(self, started: float) -> None:
+        duration = time.perf_counter() - started
+        for attempt in self.runs:
+            attempt.running.duration = duration
+
+    def _failed_at(self, exc: BatchFailed) -> None:
+        """BatchFailed(done=k): the first k succeeded, the next one failed."""
+        done = min(exc.done, len(self.runs))
+        self._ok(self.runs[:done], [None] * done)
+        if done < len(self.runs):
+            error = exc.error
+            delay = error.delay if isinstance(error, Retry) else None
+            self.runs[done].failed(self.policy, error, delay=delay)
+
+    def _succeeded(self, result: object) -> None:
+        runs = self.runs
+        results: list[object] = [None] * len(runs)
+        if self.route.options.store_result and result is not None:
+            if not isinstance(result, list) or len(result) != len(runs):
+                got = (
+                    f"a list of {len(result)}"
+                    if isinstance(result, list)
+                    else type(result).__name__
+                )
+                wrong = TypeError(
+                    "a batch handler with store_result must return None or a "
+                    f"list of one result per task ({len(runs)}), got {got}"
+                )
+                self.head.failed(self.policy, wrong, delay=None)
+                return
+            results = result
+        self._ok(runs, results)
+
+    def _ok(self, runs: list[_Attempt], results: list[object]) -> None:
+        """Each of *runs* succeeded with its result; one whose result cannot
+        be stored is dead-lettered, and those after it go back to the line."""
+        store = self.route.options.store_result
+        for attempt, value in zip(runs, results, strict=True):
+            if not store:
+                _succeeded(attempt, attempt.running.duration)
+                attempt.outcome("ok")
+                continue
+            try:
+                encoded = encode_payload(value)
+            except EncodeFailure as exc:
+                attempt.reject(
+                    "result of %s cannot be stored: %s; dead-lettered",
+                    exc,
+                    reason=f"UnencodableResult: {exc}",
+                    halt=self.route.options.on_dead == "halt",
+                )
+                return
+            _succeeded(attempt, attempt.running.duration)
+            attempt.outcome("ok", bytes(encoded))
+
+
+def _place(item: tuple[int, Outcome, DeadLetter | None]) -> int:
+    return item[0]

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from .fetcher import SlotPool
 from .handoff import Handoff
-from .runner import RetryPolicy, run_task
+from .runner import RetryPolicy, TopUp, run_task
 
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup
@@ -51,6 +51,8 @@ class Workers:
         self._policy = policy
         self._max_payload_bytes = max_payload_bytes
         self._observers = observers
+        #: tops up a batch handler's batch (set by the consumer's run)
+        self.topup: TopUp | None = None
 
     def start(self, tg: TaskGroup) -> None:
         """Start every worker in *tg*."""
@@ -90,8 +92,11 @@ class Workers:
                     submit,
                     max_payload_bytes=max_payload_bytes,
                     observers=observers,
+                    topup=self.topup,
                 )
             finally:
                 if running.lost:
                     outcomes.lease_lost(running)
+                    for member in running.members:  # recovered with it
+                        outcomes.lease_lost(member)
                 slots.give(1)

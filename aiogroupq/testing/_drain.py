@@ -15,7 +15,7 @@ from .._store.connection import Client, RedisLike, node_of, open_client
 from .._store.partition import Partitions
 from .._work.handlers import Handler, HandlerFunc, build_routes
 from ..consumer import Consumer
-from ..task import DeadLetter, TaskState, current_task
+from ..task import DeadLetter, TaskInfo, TaskState
 from ._errors import DrainTimeoutError
 from ._outcome import TaskOutcome
 from ._wrap import wrap_handler
@@ -67,13 +67,12 @@ class _Recorder:
         self.unsettled.add(task_id)
         return record
 
-    def started(self) -> None:
-        info = current_task()
+    def started(self, info: TaskInfo) -> None:
         record = self._get(info.id, info.type, info.group)
         record.attempts = max(record.attempts, info.attempt)
 
-    def ended(self, result: Any, error: BaseException | None) -> None:
-        record = self.seen[current_task().id]
+    def ended(self, info: TaskInfo, result: Any, error: BaseException | None) -> None:
+        record = self.seen[info.id]
         record.result, record.error = result, error
 
     def dead(self, letter: DeadLetter) -> None:
@@ -161,6 +160,12 @@ async def drain(
             await _until_idle(
                 client, parts, recorder, timeout, wait_delayed, poll_interval
             )
+        if recorder.unsettled:
+            # A dead letter whose state the idle check read before its
+            # on_dead ran (the consumer calls it once the outcome is
+            # recorded): the consumer is closed now, every call made.
+            backlog = await _backlog(client, parts, recorder.unsettled)
+            recorder.settle(backlog.states)
     return recorder.outcomes()
 
 

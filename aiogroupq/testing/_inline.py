@@ -14,7 +14,7 @@ from .._store import validate as _validate
 from .._store.codec import EncodeFailure, encode_payload
 from .._work.handlers import Handler, HandlerFunc, Route, build_routes
 from ..errors import InvalidTaskError, UnencodablePayloadError
-from ..task import TaskInfo, _current
+from ..task import TaskInfo, _batch, _current
 from ._errors import PayloadDecodeError, ResultEncodeError
 
 
@@ -43,7 +43,10 @@ async def run_inline(
 
     :param handler: ``async def handler(payload)``, or an
         :class:`aiogroupq.Handler` (its ``timeout`` applies)
-    :param payload: what a producer would enqueue
+    :param payload: what a producer would enqueue; for a batch handler
+        (``Handler(batch_size=N)``), a list of 1 to N payloads, run as one
+        batch of a group (``current_batch()`` works, the first task's info
+        is ``current_task()``, the others' ids are random)
     :param task_type: :attr:`TaskInfo.type`
     :param task_id: :attr:`TaskInfo.id` (default: a random one)
     :param group: :attr:`TaskInfo.group`
@@ -70,35 +73,71 @@ async def run_inline(
     _validate.max_attempts(max_attempts)
     if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1:
         raise InvalidTaskError("attempt", f"{attempt!r} must be an int >= 1")
-    decoded = _through_redis(route, payload)
+    batch = route.options.batch_size
+    payloads = [payload] if batch is None else _batch_of(payload, batch)
+    decoded = [_through_redis(route, p) for p in payloads]
     if limit is None:
         limit = route.options.timeout
-    info = TaskInfo(
-        id=task_id or f"{time.time_ns() // 1_000_000:012x}{secrets.token_hex(8)}",
-        type=task_type,
-        group=group,
-        attempt=attempt,
-        max_attempts=max_attempts,
-        fencing_token=fencing_token,
-        enqueued_at=time.time() if enqueued_at is None else enqueued_at,
-    )
-    token = _current.set(info)
+    enqueued = time.time() if enqueued_at is None else enqueued_at
+    infos = [
+        TaskInfo(
+            id=(task_id if i == 0 and task_id else _task_id()),
+            type=task_type,
+            group=group,
+            attempt=attempt if i == 0 else 1,
+            max_attempts=max_attempts,
+            fencing_token=fencing_token + i,
+            enqueued_at=enqueued,
+        )
+        for i in range(len(payloads))
+    ]
+    token = _current.set(infos[0])
+    batch_token = _batch.set(infos) if batch is not None else None
     try:
         with anyio.move_on_after(limit) as scope:
-            if route.takes_payload:
+            if batch is not None:
                 result = await route.func(decoded)
+            elif route.takes_payload:
+                result = await route.func(decoded[0])
             else:
                 result = await route.func()
     finally:
+        if batch_token is not None:
+            _batch.reset(batch_token)
         _current.reset(token)
     if scope.cancelled_caught:
         raise TimeoutError(f"the attempt exceeded its timeout of {limit}s")
     if route.options.store_result:
-        try:
-            encode_payload(result)
-        except EncodeFailure as exc:
-            raise ResultEncodeError(result, f"UnencodableResult: {exc}") from exc
+        results = [result]
+        if batch is not None and result is not None:
+            if not isinstance(result, list) or len(result) != len(payloads):
+                raise ResultEncodeError(
+                    result,
+                    f"a batch handler storing results returns None or a list of "
+                    f"one result per task ({len(payloads)})",
+                )
+            results = result
+        for one in results:
+            try:
+                encode_payload(one)
+            except EncodeFailure as exc:
+                raise ResultEncodeError(one, f"UnencodableResult: {exc}") from exc
     return result
+
+
+def _task_id() -> str:
+    return f"{time.time_ns() // 1_000_000:012x}{secrets.token_hex(8)}"
+
+
+def _batch_of(payload: Any, batch_size: int) -> list[Any]:
+    """A batch handler's payloads: a list of 1 to *batch_size*."""
+    if not isinstance(payload, list | tuple) or not 1 <= len(payload) <= batch_size:
+        raise InvalidTaskError(
+            "payload",
+            f"a batch handler (batch_size={batch_size}) runs on a list of 1 to "
+            f"{batch_size} payloads, got {payload!r:.80}",
+        )
+    return list(payload)
 
 
 def _through_redis(route: Route, payload: Any) -> Any:

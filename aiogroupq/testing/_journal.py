@@ -11,7 +11,7 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
-from ..task import current_task
+from ..task import TaskInfo, current_task
 from ._errors import GroupOrderError
 from ._wrap import wrap_handler
 
@@ -72,13 +72,21 @@ class Journal:
         """Every handler of a ``handlers`` mapping, journaled."""
         return {name: self.wrap(handler) for name, handler in handlers.items()}
 
-    def record(self, event: Literal["start", "end"], *, ok: bool = True) -> None:
-        """Record an event of the task whose handler runs in this context
-        (what the wrappers call).
+    def record(
+        self,
+        event: Literal["start", "end"],
+        *,
+        ok: bool = True,
+        info: TaskInfo | None = None,
+    ) -> None:
+        """Record an event of *info*'s task, by default the one whose handler
+        runs in this context (what the wrappers call, with each task of a
+        batch's *info*).
 
-        :raises RuntimeError: outside a handler
+        :raises RuntimeError: outside a handler, without *info*
         """
-        info = current_task()
+        if info is None:
+            info = current_task()
         self.entries.append(
             JournalEntry(
                 len(self.entries),
@@ -112,11 +120,11 @@ class _Hooks:
     def __init__(self, journal: Journal) -> None:
         self.journal = journal
 
-    def started(self) -> None:
-        self.journal.record("start")
+    def started(self, info: TaskInfo) -> None:
+        self.journal.record("start", info=info)
 
-    def ended(self, result: Any, error: BaseException | None) -> None:
-        self.journal.record("end", ok=error is None)
+    def ended(self, info: TaskInfo, result: Any, error: BaseException | None) -> None:
+        self.journal.record("end", ok=error is None, info=info)
 
 
 @dataclass(frozen=True, slots=True)

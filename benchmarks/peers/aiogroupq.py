@@ -18,6 +18,7 @@ class AiogroupqAdapter(Adapter):
     has_batch = True
     has_delay = True
     has_groups = True
+    has_batches = True
     settings = "Consumer(concurrency=100); defaults otherwise (claim_batch=32)"
 
     def __init__(self, options: dict[str, Any]) -> None:
@@ -63,8 +64,17 @@ class AiogroupqAdapter(Adapter):
         async def noop(x: float) -> None:
             on_done(x)
 
+        async def noops(xs: list[float]) -> None:
+            for x in xs:
+                on_done(x)
+
+        handler: aiogroupq.Handler = aiogroupq.Handler(noop)
+        if "batch_size" in self.options:  # the grouped-batch workload
+            handler = aiogroupq.Handler(
+                noops, batch_size=int(self.options["batch_size"])
+            )
         async with aiogroupq.Consumer(
-            url, queue=queue, handlers={"noop": noop}, concurrency=concurrency
+            url, queue=queue, handlers={"noop": handler}, concurrency=concurrency
         ):
             await stop.wait()
 

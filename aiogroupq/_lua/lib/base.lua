@@ -40,6 +40,7 @@
 local PREFIX = ARGV[1]
 local K_CONF = PREFIX .. 'conf'       -- HASH the queue's settings
 local K_STATS = PREFIX .. 'stats'     -- HASH counters (see bump)
+local K_STARTS = PREFIX .. 'starts'   -- HASH second -> starts, once conf est is set
 local K_PREADY = PREFIX .. 'pready'   -- ZSET runnable ids by priority, once priorities are used
 local K_PSEQ = PREFIX .. 'pseq'       -- STRING last score sequence number of pready
 local K_BACKLOG = PREFIX .. 'backlog' -- ZSET group -> tasks waiting in its line
@@ -146,11 +147,14 @@ local function parse_conf(f)
     unique = f[9] == '1',          -- some task used unique deduplication
     parts = f[10],                 -- the queue's partitions: nil (one), "K",
                                    -- or "K>K'" while repartitioning to K'
+    wt = f[11],                    -- default weight of a group (lib/slots.lua)
+    est = f[12] == '1',            -- estimates were asked for: claims count starts
   }
   return CONF
 end
 local function conf_read(call)
-  return call('HMGET', K_CONF, 'fair', 'pause', 'c', 'rn', 'rp', 'age', 'pu', 'gc', 'uq', 'parts')
+  return call('HMGET', K_CONF, 'fair', 'pause', 'c', 'rn', 'rp', 'age', 'pu', 'gc', 'uq', 'parts',
+    'wt', 'est')
 end
 local function conf()
   return CONF or parse_conf(conf_read(redis.call))

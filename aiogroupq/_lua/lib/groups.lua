@@ -33,10 +33,27 @@ local function route(id, G, level)
   return 'parked'
 end
 
+-- Whether the group's next task goes to the ready front: always with fairness
+-- "drain"; with weight w > 1, w - 1 times in a row, then once to the tail (w
+-- turns a round, deficit round-robin: under backlog a group's share of starts
+-- is w over the sum of the weights, and every turn at the front is bounded, so
+-- a group behind waits at most the others' weights' worth of starts). The
+-- counter is read and written only for such a group: weight 1 costs nothing.
+local function front_turn(G)
+  if conf().drain then return true end
+  if G.wt <= 1 then return false end
+  if not G.tn then G.tn = tonumber(redis.call('HGET', G.key, 'tn')) or 0 end
+  G.tn = G.tn + 1
+  if G.tn < G.wt then return true end
+  G.tn = 0
+  return false
+end
+
 -- Give the group's free slots to the oldest tasks of its line. A released
 -- group's next task joins the ready tail (round-robin: every group waiting
--- there gets a turn first), or the front with fairness "drain". Returns how
--- many became runnable.
+-- there gets a turn first), or the front with fairness "drain" or while a
+-- weighted group's turn lasts (front_turn). Returns how many became
+-- runnable.
 local function fill(G)
   if G.halted or G.paused then return 0 end
   local n = 0
@@ -52,7 +69,7 @@ local function fill(G)
     bump('parked', -1)
     take_slot(G, nxt, '@')
     redis.pcall('HSET', k_task(nxt), 'dt', now_ms()) -- runnable since
-    ready_push(nxt, conf().drain, group_level(G, nil))
+    ready_push(nxt, front_turn(G), group_level(G, nil))
     n = n + 1
   end
   return n

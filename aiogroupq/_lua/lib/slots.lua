@@ -4,9 +4,12 @@
                k       slots held: tasks of g that are running or next to run
                        (ready, in a retry's backoff, waiting for the rate
                        limit, or held back while g is paused or halted)
-               d       tasks of g still in their first delay (not in line yet)
+               d       tasks of g still in their first delay (not in line yet),
+                       or, in an exclusive group, in a retry's backoff
                w       tasks waiting in g's line park:<g>
                !       the dead task g is halted behind
+               tn      turns g's line has kept the ready front in a row
+                       (only while g's weight is above 1: groups.lua)
                h:<id>  one per slot holder: '@' ready, its fencing token while
                        running, 'r' retry backoff, '~' held back
   park:<g>   LIST g's line, oldest first
@@ -15,7 +18,9 @@
              delayed ZSET, due when the rate frees (task ids are hex)
   gconf:<g>  HASH g's own settings: c concurrency, rn/rp rate (rn starts per
              rp ms, rn 0: none), mx most live tasks, pr default priority,
-             p paused
+             p paused, wt weight (1-100: turns a round: wt - 1 at the ready front, one at its tail),
+             o ordering: "exclusive" (a retry's backoff holds no slot), else
+             strict
   rate:<g>   LIST server ms of g's latest starts (at most rn), PX rp
   backlog    ZSET group -> w, for groups with a line
   waiting    ZSET group -> since when its line is not empty (server ms)
@@ -23,6 +28,16 @@
 --- @include "base"
 
 local GROUPS = {}
+local MAX_WEIGHT = 100
+
+-- A stored weight, if it is one Admin could have written (the check reports
+-- any other, which counts as unset).
+local function weight_of(v)
+  if type(v) ~= 'string' or not string.find(v, '^%d+$') then return nil end
+  local n = tonumber(v)
+  if n >= 1 and n <= MAX_WEIGHT then return n end
+  return nil
+end
 
 -- A group's state and settings, read once per call; false if its state or
 -- settings key is damaged (the caller then leaves the group alone). With
@@ -51,10 +66,10 @@ local function group(g, id)
   end
   local c = conf()
   G = { name = g, key = key, k = k, d = d, w = w, w0 = w, halted = st[4] or nil,
-        limit = c.conc, rn = c.rn, rp = c.rp, paused = false }
+        limit = c.conc, rn = c.rn, rp = c.rp, paused = false, wt = weight_of(c.wt) or 1 }
   G.existed = k > 0 or d > 0 or w > 0 or G.halted ~= nil
   if c.gconf then
-    local cf = redis.pcall('HMGET', k_gconf(g), 'c', 'rn', 'rp', 'mx', 'pr', 'p')
+    local cf = redis.pcall('HMGET', k_gconf(g), 'c', 'rn', 'rp', 'mx', 'pr', 'p', 'wt', 'o')
     if wrong_type(cf) then
       GROUPS[g] = false
       return false
@@ -62,6 +77,8 @@ local function group(g, id)
     G.limit = tonumber(cf[1]) or G.limit
     if cf[2] then G.rn, G.rp = tonumber(cf[2]), tonumber(cf[3]) end
     G.mx, G.prio, G.paused = tonumber(cf[4]), tonumber(cf[5]), cf[6] == '1'
+    G.wt = weight_of(cf[7]) or G.wt -- unset or bad: the queue's default
+    G.exclusive = cf[8] == 'exclusive'
   end
   if G.rn == 0 or not G.rp then G.rn = nil end
   GROUPS[g] = G
@@ -82,7 +99,11 @@ flush_groups = function()
       if G.k < 0 then G.k = 0 end
       local alive = G.k > 0 or G.d > 0 or G.w > 0 or G.halted ~= nil
       if alive then
-        redis.call('HSET', G.key, 'k', G.k, 'd', G.d, 'w', G.w)
+        if G.tn then -- a weighted group's turns, read only then (groups.lua)
+          redis.call('HSET', G.key, 'k', G.k, 'd', G.d, 'w', G.w, 'tn', G.tn)
+        else
+          redis.call('HSET', G.key, 'k', G.k, 'd', G.d, 'w', G.w)
+        end
         if G.drops and next(G.drops) then
           local fields = {}
           for id in pairs(G.drops) do fields[#fields + 1] = 'h:' .. id end
