@@ -156,9 +156,17 @@ class Journal:
             out[label.decode()] = int(clock)
         return out
 
-    async def record(self, event: EventKind, job: Job, *, ok: bool = True) -> int:
-        """Append one event for the task whose handler runs in this context."""
-        info = aiogroupq.current_task()
+    async def record(
+        self,
+        event: EventKind,
+        job: Job,
+        *,
+        ok: bool = True,
+        info: aiogroupq.TaskInfo | None = None,
+    ) -> int:
+        """Append one event for the task whose handler runs in this context,
+        or for *info*'s (a task of a batch other than its first)."""
+        info = info or aiogroupq.current_task()
         record = _Record(
             event=event,
             n=job.n,

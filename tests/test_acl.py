@@ -52,7 +52,6 @@ PYTHON_COMMANDS = {
     "hget": "hget",  # status()
     "zrange": "zrange",  # Admin.dead_letters()
     "hmget": "hmget",  # Admin.dead_letters()
-    "hexists": "hexists",  # whether a batch handler's lone task was recovered
 }
 HANDSHAKE = {"hello"}
 OPTIONAL = {"config_get": "config|get", "info": "info"}

@@ -17,7 +17,6 @@ import dataclasses
 import multiprocessing
 import multiprocessing.process
 import os
-import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -32,8 +31,7 @@ from aiogroupq._store import scripts as _scripts
 from aiogroupq._store.keys import QueueKeys
 from aiogroupq._store.replies import FinishCode
 
-from . import _journal
-from ._journal import Flag, Job, Journal, check, client_for
+from ._journal import Client, Flag, Job, Journal, check, client_for
 from ._scripts_helpers import (
     KEYS,
     assert_consistent,
@@ -68,31 +66,8 @@ class Batch(msgspec.Struct, frozen=True):
     attempts: list[int]
 
 
-async def _record(
-    journal: Journal, event: _journal.EventKind, job: Job, info: aiogroupq.TaskInfo
-) -> None:
-    """Journal one event of one task of a batch (Journal.record takes the
-    current task, which in a batch handler is the batch's first)."""
-    record = _journal._Record(
-        event=event,
-        n=job.n,
-        group=job.group,
-        seq=job.seq,
-        pid=os.getpid(),
-        attempt=info.attempt,
-        meta_group=info.group,
-        ok=True,
-        task_id=info.id,
-        started_ms=round(info.started_at * 1000),
-        token=info.fencing_token,
-    )
-    done = str(job.n) if event == "end" else ""
-    args = (msgspec.json.encode(record), done, secrets.token_hex(8))
-    await journal._append(keys=journal._keys, args=args)
-
-
 def batch_handler(
-    journal: Journal, client: _journal.Client
+    journal: Journal, client: Client
 ) -> Callable[[list[Job]], Awaitable[None]]:
     """A batch handler journaling each task's start and end, in order."""
 
@@ -109,13 +84,13 @@ def batch_handler(
         await client.rpush(BATCHES_KEY, msgspec.json.encode(listed))
         for job, info in zip(jobs, infos, strict=True):
             with anyio.CancelScope(shield=True):
-                await _record(journal, "start", job, info)
+                await journal.record("start", job, info=info)
             if job.sleep_ms == HANG and await client.set(HANG_KEY, 1, nx=True):
                 await anyio.sleep(3600)  # killed here
             elif job.sleep_ms > 0:
                 await anyio.sleep(job.sleep_ms / 1000)
             with anyio.CancelScope(shield=True):
-                await _record(journal, "end", job, info)
+                await journal.record("end", job, info=info)
 
     return work
 

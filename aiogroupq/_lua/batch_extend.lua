@@ -28,19 +28,15 @@
 --- @include "groups"
 --- @include "ends"
 --- @include "batch"
+--- @include "tokens"
 
 local head, token, consumer, typ = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local n, lease_ms = tonumber(ARGV[6]), tonumber(ARGV[7])
 if #ARGV ~= 7 or not n or n < 1 or n > 1000 or not lease_ms or lease_ms <= 0 then
   return redis.error_reply('ERR aiogroupq batch_extend: malformed arguments')
 end
-local bad = check_fixed({ K_DELAYED, 'zset', K_LEASES, 'zset', K_DEAD, 'zset',
-  KEYS[7], 'set', K_FENCE, 'string' })
+local bad = check_tokens(KEYS[7])
 if bad then return bad end
-local fence = redis.call('GET', K_FENCE)
-if fence and not tonumber(fence) then
-  return corrupt(K_FENCE, 'not an integer counter')
-end
 local now = now_ms()
 if conf().paused then return {} end
 local f = redis.pcall('HMGET', k_task(head), 'k', 's', 'c', 'g', 'i', 'bx', 'cx', 'bm')

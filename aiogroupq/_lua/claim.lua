@@ -38,7 +38,8 @@
            end of its delay or retry backoff, its group's turn
            max_attempts: the task's own (the hash's, which recovery uses)
            With batch handlers each task has a 7th value: 1 for a member of
-           the batch of the task before it (lib/batch.lua), else 0.
+           the batch of the task before it (lib/batch.lua), 2 for the head
+           of a recovered batch, which runs alone (bx), else 0.
   Effects: (a) each expired lease's task goes back to the front as its
            group's continuation (or, past its last attempt, is
            dead-lettered and its slot passed on); (b) due delayed tasks join
@@ -59,6 +60,7 @@
 --- @include "ends"
 --- @include "recovery"
 --- @include "batch"
+--- @include "tokens"
 
 local consumer, k = ARGV[2], tonumber(ARGV[3])
 local lease_ms, scan_limit = tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -78,13 +80,8 @@ if ARGV[10] and ARGV[10] ~= '0' then
   for j = 0, types - 1 do batch_sizes[ARGV[11 + 2 * j]] = tonumber(ARGV[12 + 2 * j]) end
 end
 local inflight, last_key = KEYS[7], KEYS[8]
-local bad = check_fixed({ K_DELAYED, 'zset', K_LEASES, 'zset', K_DEAD, 'zset',
-  inflight, 'set', last_key, 'string', K_FENCE, 'string' })
+local bad = check_tokens(inflight, { last_key, 'string' })
 if bad then return bad end
-local fence = redis.call('GET', K_FENCE)
-if fence and not tonumber(fence) then
-  return corrupt(K_FENCE, 'not an integer counter')
-end
 local now = now_ms()
 local out = { -1, 0, now, {}, {}, {} }
 local dead_ids, problems, expired_ids = out[4], out[5], out[6]
@@ -346,7 +343,7 @@ local function take(id)
   out[o + 1], out[o + 2], out[o + 3] = id, f[1], attempt + 1
   out[o + 4], out[o + 5], out[o + 6] = token, tonumber(f[7]) or now, tonumber(f[5])
   if batch_sizes then
-    out[o + 7] = 0
+    out[o + 7] = f[9] and 2 or 0
     if G then take_batch(id, G, f[8], f[9]) end
   end
 end

@@ -32,18 +32,14 @@
 --- @include "groups"
 --- @include "ends"
 --- @include "recovery"
+--- @include "tokens"
 
 local counted, consumer, retention = ARGV[2] == '1', ARGV[3], tonumber(ARGV[4])
 if not retention then
   return redis.error_reply('ERR aiogroupq recover: malformed arguments')
 end
-local bad = check_fixed({ K_DELAYED, 'zset', K_LEASES, 'zset', K_DEAD, 'zset',
-  KEYS[7], 'set', K_FENCE, 'string' })
+local bad = check_tokens(KEYS[7])
 if bad then return bad end
-local fence = redis.call('GET', K_FENCE)
-if fence and not tonumber(fence) then
-  return corrupt(K_FENCE, 'not an integer counter')
-end
 local keep = {}
 for i = 5, #ARGV do keep[ARGV[i]] = true end
 local now = now_ms()

@@ -228,6 +228,7 @@ class Claimed:
     max_attempts: int = 0  # the task's, as recovery sees it (0: unknown)
     claimed_ms: int = 0  # the server's clock when it was claimed
     member: bool = False  # of the batch of the task claimed before it
+    alone: bool = False  # heads a recovered batch: runs alone (bx)
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,16 +295,7 @@ async def claim(
     reply, replicated = await _taking(CLAIM, client, keys, extra, args, replication)
     stride = 7 if batches else 6
     tasks = [
-        Claimed(
-            text(reply[i]),
-            reply[i + 1],
-            int(reply[i + 2]),
-            int(reply[i + 3]),
-            int(reply[i + 4]),
-            int(reply[i + 5]),
-            int(reply[2]),
-            bool(batches) and reply[i + 6] == 1,
-        )
+        _claimed(reply, i, int(reply[2]), reply[i + 6] if batches else 0)
         for i in range(6, len(reply), stride)
     ]
     dead, reasons = _dead(reply[3])
@@ -317,6 +309,23 @@ async def claim(
         _texts(reply[5]),
         replicated,
         reasons,
+    )
+
+
+def _claimed(reply: Any, i: int, claimed_ms: int, batch: int) -> Claimed:
+    """The task at *i* of a claim's (or a top-up's) reply: id, envelope,
+    attempt, token, due time, max attempts; *batch* as claim.lua's 7th
+    value (1: a member, 2: a recovered batch's head)."""
+    return Claimed(
+        text(reply[i]),
+        reply[i + 1],
+        int(reply[i + 2]),
+        int(reply[i + 3]),
+        int(reply[i + 4]),
+        int(reply[i + 5]),
+        claimed_ms,
+        member=batch == 1,
+        alone=batch == 2,
     )
 
 
@@ -369,19 +378,9 @@ async def batch_extend(
     reply, replicated = await _taking(
         BATCH_EXTEND, client, keys, extra, args, replication
     )
-    tasks = [
-        Claimed(
-            text(reply[i]),
-            reply[i + 1],
-            int(reply[i + 2]),
-            int(reply[i + 3]),
-            int(reply[i + 4]),
-            int(reply[i + 5]),
-            int(reply[i + 4]),
-            True,
-        )
-        for i in range(0, len(reply), 6)
-    ]
+    # A top-up's reply has no clock of its own: a member's due time is the
+    # moment the top-up took it (lib/batch.lua), its claim time too.
+    tasks = [_claimed(reply, i, int(reply[i + 4]), 1) for i in range(0, len(reply), 6)]
     return ClaimReply(tasks, -1, False, replicated=replicated)
 
 

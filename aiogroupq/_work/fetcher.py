@@ -159,8 +159,7 @@ class Fetchers:
         """Add up to *most* tasks of *head*'s group's line to its batch
         (``batch_extend.lua``), held and leased as claimed ones; return how
         many, or -1 when the batch must not grow any more (see
-        :data:`~.runner.TopUp`). With *most* 0, only whether *head* may
-        grow at all: -1 for a recovered batch's head, which runs alone.
+        :data:`~.runner.TopUp`).
 
         A call that failed (or was cancelled) may have run and its reply been
         lost: members we do not know may be claimed for the batch. The batch
@@ -169,8 +168,6 @@ class Fetchers:
         whole, in order."""
         ctx = self.ctx
         keys = self._parts.of_id(head.claimed.id)
-        if most < 1:
-            return await self._alone(client, keys, head)
         sent_at = anyio.current_time()
         try:
             added = await _scripts.batch_extend(
@@ -212,16 +209,6 @@ class Fetchers:
             return -1
         head.members = [*head.members, *members]
         return len(members)
-
-    async def _alone(self, client: Client, keys: QueueKeys, head: Running) -> int:
-        """-1 if *head* heads a recovered batch, which runs alone (``bx``,
-        ``lib/batch.lua``: batch_extend would add nothing for it), else 0."""
-        try:
-            alone = await client.hexists(keys.task(head.claimed.id), "bx")
-        except REDIS_FAILURES as exc:  # read-only: nothing lost, fill as usual
-            logger.debug("could not read the batch of %s: %s", head.claimed.id, exc)
-            return 0
-        return -1 if alone else 0
 
     def stop(self) -> None:
         """Stop claiming: close the slots and wake every fetcher."""

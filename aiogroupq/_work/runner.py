@@ -793,9 +793,8 @@ class _Batch:
             running.deadline - 0.5,
         )
         step = max(0.01, options.batch_wait / 10)
-        alone = size > 1 and not running.members
-        if alone and await topup(running, self.envelope.type, 0) < 0:
-            return  # a recovered batch's head: it runs alone
+        if running.claimed.alone:
+            return  # a recovered batch's head: it runs alone (lib/batch.lua)
         while len(running.members) + 1 < size:
             left = until - loop.time()
             if left <= 0:
