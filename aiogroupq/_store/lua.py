@@ -241,6 +241,36 @@ class Script:
             node = _node(client, keys)
             await client.execute_command("SCRIPT LOAD", self.source, target_nodes=node)
 
+    async def behind(
+        self,
+        client: Client,
+        keys: QueueKeys,
+        extra_keys: Sequence[str],
+        args: Sequence[EncodableT],
+        *,
+        first: Sequence[EncodableT],
+    ) -> tuple[Any, Any]:
+        """Send the command *first*, then the script, in one pipeline on one
+        connection of a plain (not cluster) client: the server runs the
+        script the moment *first* returns, a blocking pop's wake-up
+        included, with no round trip back to us in between. Return *first*'s
+        reply (the exception, if it failed) and the script's.
+
+        After ``NOSCRIPT`` (not run) the script is sent again as
+        :meth:`__call__` sends it."""
+        assert not isinstance(client, RedisCluster)
+        async with client.pipeline(transaction=False) as pipe:
+            pipe.execute_command(*first)
+            pipe.execute_command(*self.command(keys, extra_keys, args))
+            before, reply = await pipe.execute(raise_on_error=False)
+        if isinstance(reply, NoScriptError):
+            return before, await self._call(client, keys, extra_keys, args)
+        if isinstance(reply, ResponseError) and (error := _error_of(reply)) is not None:
+            raise error from reply
+        if isinstance(reply, Exception):
+            raise reply
+        return before, reply
+
     async def replicated(
         self,
         client: Client,

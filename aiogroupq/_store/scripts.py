@@ -244,6 +244,8 @@ class ClaimReply:
     expired: tuple[str, ...] = ()  # tasks it ended expired
     replicated: bool = True  # enough replicas acknowledged it (if asked)
     reasons: tuple[str, ...] = ()  # each dead-lettered task's reason
+    #: what the blocking pop written before the claim failed with, if it did
+    pop_error: Exception | None = None
 
 
 def _texts(items: Any) -> tuple[str, ...]:
@@ -269,6 +271,7 @@ async def claim(
     recover_limit: int = 100,
     replication: Replication | None = None,
     batches: Sequence[tuple[str, int]] = (),
+    pop: float | None = None,
 ) -> ClaimReply:
     """Recover, promote, then claim up to *k* tasks for *consumer*.
 
@@ -276,6 +279,10 @@ async def claim(
     replicas acknowledged the claim in time. *batches*: the task types of
     batch handlers and their sizes; each such task claimed with a group
     brings the members of its batch (``Claimed.member``) right after it.
+    With *pop* (seconds; a plain client, no *replication*), the claim is
+    written right behind a ``BLPOP`` of the wake list that long (see
+    :meth:`~.lua.Script.behind`): it runs the moment a wake token, or the
+    timeout, ends the pop.
     """
     # The nonce makes a re-sent call (redis-py retrying after a lost reply)
     # return what the first one claimed instead of claiming more.
@@ -292,7 +299,14 @@ async def claim(
         retention_ms,
         *_batch_args(batches),
     )
-    reply, replicated = await _taking(CLAIM, client, keys, extra, args, replication)
+    popped: Any = None
+    if pop is None:
+        reply, replicated = await _taking(CLAIM, client, keys, extra, args, replication)
+    else:
+        assert replication is None
+        first = ("BLPOP", keys.wake, pop)
+        popped, reply = await CLAIM.behind(client, keys, extra, args, first=first)
+        replicated = True
     stride = 7 if batches else 6
     tasks = [
         _claimed(reply, i, int(reply[2]), reply[i + 6] if batches else 0)
@@ -309,6 +323,7 @@ async def claim(
         _texts(reply[5]),
         replicated,
         reasons,
+        popped if isinstance(popped, Exception) else None,
     )
 
 

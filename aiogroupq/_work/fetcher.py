@@ -24,10 +24,12 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import anyio
+from redis.asyncio.cluster import RedisCluster
 
 from .._store import layout as _layout, scripts as _scripts
 from .._store.connection import REDIS_FAILURES, socket_timeout
@@ -49,6 +51,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("aiogroupq.consumer")
 
+T = TypeVar("T")
+
 #: seconds between two reads of the queue's partition layout (a repartition
 #: reaches every consumer within this)
 LAYOUT_POLL: Final = 1.0
@@ -56,6 +60,9 @@ LAYOUT_POLL: Final = 1.0
 MAX_BLOCK: Final = 1.0
 #: slack for the server's cron tick, on which blocking pops time out
 _SERVER_TICK: Final = 0.25
+#: what a blocking pop waits beyond its timeout: the pop's own timeout
+#: wakes us, not the server's cron tick cutting a shorter one off
+_POP_SLACK: Final = 0.1
 #: Redis errors after which the fetcher backs off and tries again
 _BACKOFF_FIRST, _BACKOFF_MAX = 0.05, 5.0
 
@@ -210,6 +217,9 @@ class Fetchers:
         head.members = [*head.members, *members]
         return len(members)
 
+    def _alone(self) -> bool:
+        return self._parts.layout.count == 1
+
     def stop(self) -> None:
         """Stop claiming: close the slots and wake every fetcher."""
         self.ctx.slots.close()
@@ -242,7 +252,10 @@ class Fetchers:
                 for partition in range(self._parts.layout.count):
                     if partition not in self._fetchers:
                         fetcher = Fetcher(
-                            self.ctx, self._parts.keys(partition), starting=starting
+                            self.ctx,
+                            self._parts.keys(partition),
+                            starting=starting,
+                            alone=self._alone,
                         )
                         self._fetchers[partition] = fetcher
                         await tg.start(fetcher.run, client, send)
@@ -290,10 +303,17 @@ class Fetcher:
     """
 
     def __init__(
-        self, ctx: FetchContext, keys: QueueKeys, *, starting: bool = False
+        self,
+        ctx: FetchContext,
+        keys: QueueKeys,
+        *,
+        starting: bool = False,
+        alone: Callable[[], bool] = lambda: True,
     ) -> None:
         self.ctx = ctx
         self.keys = keys
+        #: whether this fetcher's partition is its queue's only one now
+        self.alone = alone
         self.retired = False
         self._starting = starting
         self._who = f"fetch:{keys.partition}"
@@ -326,7 +346,6 @@ class Fetcher:
         if (limit := socket_timeout(client)) is not None:
             # A blocking pop longer than the socket timeout would be cut off.
             block_cap = max(0.05, min(MAX_BLOCK, limit - 0.5, limit / 2))
-        lease_ms = round(ctx.lease_ttl * 1000)
         backoff = _BACKOFF_FIRST
         # A previous incarnation with our name may have died holding tasks:
         # they go back to the front of their groups now, not at lease expiry.
@@ -338,42 +357,56 @@ class Fetcher:
             reconcile = None
         task_status.started()
         watch = ctx.watch
+        # The wait for work before the next claim: its timeout in seconds,
+        # and whether a delayed task falls due when it ends (None: claim now).
+        wait: tuple[float, bool] | None = None
         while not ctx.slots.closed and not self.retired:
             if watch.holds_claims():
                 # Leases wait to be set again (damage.py): a claim now
                 # would recover them first.
+                wait = None
                 await self._block(None, PROBE)
                 continue
             if reconcile is not None:
+                wait = None
                 if not await self._recover(client, reconcile, backoff):
                     await self._block(None, self._pause(backoff))
                     backoff = min(backoff * 2, _BACKOFF_MAX)
                     continue
                 reconcile = None
+            if wait is not None and not self._pops_with_claim(client, wait[0]):
+                await self._block(client, wait[0], due=wait[1])
+                wait = None
+                continue
             k = await ctx.slots.take(ctx.claim_batch)
             if k == 0:
                 continue  # closed
             sent_at = anyio.current_time()
             try:
-                reply = await _scripts.claim(
-                    client,
-                    keys,
-                    ctx.name,
-                    k=k,
-                    lease_ms=lease_ms,
-                    scan_limit=k + 64,
-                    retention_ms=ctx.retention_ms,
-                    replication=ctx.replication,
-                    batches=ctx.batches,
-                )
+                if wait is None:
+                    reply = await self._claim(client, k)
+                else:
+                    # Written behind the wait for work, on one connection:
+                    # the server claims the moment a wake token comes.
+                    claimed = await self._waiting(
+                        client, wait[0], wait[1], self._claim(client, k, pop=wait[0])
+                    )
+                    if claimed is None:
+                        # Stopping: what the claim may have taken is given
+                        # back as the consumer stops (leases.py, release).
+                        ctx.slots.give(k)
+                        continue
+                    reply = claimed[0]
             except CorruptQueueError as exc:  # refused before writing
                 ctx.slots.give(k)
+                wait = None
                 watch.refused(self._who, exc, leases=keys.leases)
                 await self._block(None, min(backoff, PROBE))
                 backoff = min(backoff * 2, _BACKOFF_MAX)
                 continue
             except (*REDIS_FAILURES, QueueFullError) as exc:
                 ctx.slots.give(k)
+                wait = None
                 # QueueFullError: Redis is out of memory and refused the
                 # claim before it ran; work in flight can still finish.
                 logger.warning("claim failed (%s); retrying in %.2fs", exc, backoff)
@@ -383,12 +416,15 @@ class Fetcher:
                 await self._block(None, backoff)
                 backoff = min(backoff * 2, _BACKOFF_MAX)
                 continue
+            wait = None
             # A batch's members come with their head, in its handler slot.
             heads = sum(not claimed.member for claimed in reply.tasks)
             ctx.slots.give(k - heads)
             watch.succeeded(self._who)
             backoff = _BACKOFF_FIRST
             self._hand_out(reply, sent_at, send)
+            if reply.pop_error is not None:
+                await self._pop_failed(reply.pop_error)
             if not reply.replicated:
                 ctx.slots.give(heads)
                 # Not started: a failover now could lose the claim, and
@@ -407,8 +443,38 @@ class Fetcher:
             # A pop ends up to a server tick (~100 ms) after its timeout:
             # a task due within a tick past the cap gets the timer too.
             due = 0 <= reply.wait_ms < (block_cap + _SERVER_TICK) * 1000
-            timeout = reply.wait_ms / 1000 if due else block_cap
-            await self._block(client, timeout, due=due)
+            wait = (reply.wait_ms / 1000 if due else block_cap, due)
+
+    async def _claim(
+        self, client: Client, k: int, *, pop: float | None = None
+    ) -> _scripts.ClaimReply:
+        ctx = self.ctx
+        return await _scripts.claim(
+            client,
+            self.keys,
+            ctx.name,
+            k=k,
+            lease_ms=round(ctx.lease_ttl * 1000),
+            scan_limit=k + 64,
+            retention_ms=ctx.retention_ms,
+            replication=ctx.replication,
+            batches=ctx.batches,
+            pop=None if pop is None else _pop_timeout(pop),
+        )
+
+    def _pops_with_claim(self, client: Client, timeout: float) -> bool:
+        """Whether the next claim can be written behind a wait for work of
+        *timeout*: a plain client, no replicas to wait for, the queue's only
+        partition (the claim holds its slots while it waits, which no other
+        fetcher of this consumer needs then), and a wait short beside the
+        lease and the start window, both counted from before the wait."""
+        ctx = self.ctx
+        return (
+            self.alone()
+            and ctx.replication is None
+            and not isinstance(client, RedisCluster)
+            and _pop_timeout(timeout) <= min(ctx.local_lease() / 4, START_WINDOW / 2)
+        )
 
     async def _recover(
         self, client: Client, counted: bool, backoff: float, *, strict: bool = False
@@ -489,14 +555,30 @@ class Fetcher:
     async def _block(
         self, client: Client | None, timeout: float, *, due: bool = False
     ) -> None:
-        """Wait up to *timeout* for a wake token (or just sleep without client).
+        """Wait up to *timeout* for a wake token (or just sleep without client)."""
+        if client is None:
+            await self._waiting(None, timeout, due, asyncio.sleep(timeout))
+        else:
+            await self._waiting(client, timeout, due, self._pop(client, timeout))
+
+    async def _waiting(
+        self,
+        client: Client | None,
+        timeout: float,
+        due: bool,
+        waiting: Coroutine[Any, Any, T],
+    ) -> tuple[T] | None:
+        """Run *waiting*, a wait for work of up to *timeout*; return its
+        result, or None when :meth:`wake` cut it short (or the fetcher was
+        stopped before it began: *waiting* is then closed unstarted).
 
         With *due*, a delayed task falls due when *timeout* ends. The server
         ends blocking pops on its cron tick (10 per second by default), too
         coarse for that, so a local timer pushes a token at the precise time.
         """
         if self.ctx.slots.closed or self.retired:
-            return
+            waiting.close()
+            return None
         # Plain asyncio (no cancel scope, no task group): this is on the way
         # from a wake token to the claim, the idle pickup's latency.
         task = asyncio.current_task()
@@ -506,15 +588,13 @@ class Fetcher:
         if due and client is not None:
             poke = task.get_loop().call_later(timeout, self._start_poke, client)
         try:
-            if client is None:
-                await asyncio.sleep(timeout)
-            else:
-                await self._pop(client, timeout)
+            return (await waiting,)
         except asyncio.CancelledError:
             # Our wake() alone is taken back; anything else (the consumer's
             # cancellation) goes on.
             if not self._woken or task.uncancel() > 0:
                 raise
+            return None
         finally:
             self._blocked, self._woken = None, False
             if poke is not None:
@@ -524,18 +604,20 @@ class Fetcher:
 
     async def _pop(self, client: Client, timeout: float) -> None:
         try:
-            await client.blpop([self.keys.wake], timeout=max(timeout, 0.01) + 0.1)
+            await client.blpop([self.keys.wake], timeout=_pop_timeout(timeout))
         except REDIS_FAILURES as exc:
-            if is_wrong_type(exc):
-                # The wake list holds another type: the next claim is refused
-                # too, and says the same.
-                damage = CorruptQueueError(self.keys.wake, str(exc))
-                leases = self.keys.leases
-                self.ctx.watch.refused(self._who, damage, leases=leases)
-                await asyncio.sleep(PROBE)
-            else:
-                logger.warning("waiting for work failed (%s)", exc)
-                await asyncio.sleep(_BACKOFF_FIRST)
+            await self._pop_failed(exc)
+
+    async def _pop_failed(self, exc: Exception) -> None:
+        if is_wrong_type(exc):
+            # The wake list holds another type: the next claim is refused
+            # too, and says the same.
+            damage = CorruptQueueError(self.keys.wake, str(exc))
+            self.ctx.watch.refused(self._who, damage, leases=self.keys.leases)
+            await asyncio.sleep(PROBE)
+        else:
+            logger.warning("waiting for work failed (%s)", exc)
+            await asyncio.sleep(_BACKOFF_FIRST)
 
     def _pause(self, backoff: float) -> float:
         """How long to wait before trying again: *backoff*, or at most
@@ -552,3 +634,8 @@ class Fetcher:
         # On failure the pop's own timeout wakes us a little later.
         with contextlib.suppress(*REDIS_FAILURES):
             await client.rpush(self.keys.wake, "1")
+
+
+def _pop_timeout(timeout: float) -> float:
+    """The ``BLPOP`` timeout of a wait for work of *timeout* seconds."""
+    return max(timeout, 0.01) + _POP_SLACK

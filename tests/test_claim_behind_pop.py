@@ -1,0 +1,139 @@
+"""An idle fetcher writes its claim right behind its blocking pop of the wake
+list, on one connection: the server claims the moment a wake token comes,
+with no round trip back to the consumer in between (the idle pickup's
+latency), and a stop or a flushed script cache costs no task."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import anyio
+import redis
+import redis.asyncio
+
+import aiogroupq
+from aiogroupq._store.keys import QueueKeys
+
+QUEUE = "behind-pop"
+KEYS = QueueKeys(QUEUE)
+
+
+def enqueue_from_another_loop(url: str, *args: object, **kwargs: object) -> str:
+    """Enqueue in a thread of its own, while this test's event loop stays
+    blocked: nothing of the consumer in this loop runs meanwhile."""
+    ids: list[str] = []
+
+    async def go() -> None:
+        async with aiogroupq.Producer(url, queue=QUEUE) as producer:
+            ids.append(await producer.enqueue(*args, **kwargs))  # type: ignore[arg-type]
+
+    thread = threading.Thread(target=asyncio.run, args=(go(),))
+    thread.start()
+    thread.join(10)
+    assert ids, "the enqueue did not finish"
+    return ids[0]
+
+
+async def blocked_in_pop(client: redis.asyncio.Redis) -> None:
+    """Wait until some connection is blocked in BLPOP (the fetcher idles)."""
+    with anyio.fail_after(10):
+        while not any(c["cmd"] == "blpop" for c in await client.client_list()):
+            await anyio.sleep(0.01)
+
+
+async def test_the_server_claims_for_an_idle_consumer_whose_loop_is_busy(
+    redis_url: str, redis_client: redis.asyncio.Redis
+) -> None:
+    ran = anyio.Event()
+
+    async def handler() -> None:
+        ran.set()
+
+    async with aiogroupq.Consumer(
+        redis_client, queue=QUEUE, handlers={"h": handler}, concurrency=4
+    ):
+        await blocked_in_pop(redis_client)
+        # From here to the end of the polling, this loop is blocked: only
+        # the server can claim, by the claim already written behind the pop.
+        wait_until_running(redis_url, enqueue_from_another_loop(redis_url, "h"))
+        with anyio.fail_after(10):
+            await ran.wait()
+
+
+async def test_a_script_cache_flushed_while_idle_costs_no_task(
+    redis_client: redis.asyncio.Redis,
+) -> None:
+    # The claim written behind the pop answers NOSCRIPT once the pop ends:
+    # it did not run, and goes again as a plain script call.
+    done: list[int] = []
+
+    async def handler(n: int) -> None:
+        done.append(n)
+
+    async with (
+        aiogroupq.Producer(redis_client, queue=QUEUE) as producer,
+        aiogroupq.Consumer(
+            redis_client, queue=QUEUE, handlers={"h": handler}, concurrency=4
+        ),
+    ):
+        for n in range(5):
+            await blocked_in_pop(redis_client)
+            await redis_client.script_flush()
+            await producer.enqueue("h", n)
+            with anyio.fail_after(10):
+                while len(done) <= n:
+                    await anyio.sleep(0.01)
+    assert done == [0, 1, 2, 3, 4]
+
+
+def wait_until_running(url: str, task_id: str) -> None:
+    """Poll (blocking this loop) until the server claimed *task_id*."""
+    state = None
+    with redis.Redis.from_url(url) as sync:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            state = sync.hget(KEYS.task(task_id), "s")
+            if state == b"running":
+                return
+            time.sleep(0.005)
+    raise AssertionError(f"not claimed while the loop was blocked: {state!r}")
+
+
+async def test_a_consumer_stopped_with_a_claim_unread_holds_nothing(
+    redis_url: str, redis_client: redis.asyncio.Redis
+) -> None:
+    # The claim behind the pop ran, its reply is not read yet, and the
+    # consumer stops: the stop cuts the wait short and the reply is lost.
+    # What it claimed goes back at once, not when its lease (60 s) ends.
+    ran: list[int] = []
+
+    async def handler(n: int) -> None:
+        ran.append(n)
+
+    ids = []
+    async with aiogroupq.Producer(redis_client, queue=QUEUE) as producer:
+        for n in range(3):
+            async with aiogroupq.Consumer(
+                redis_client,
+                queue=QUEUE,
+                handlers={"h": handler},
+                concurrency=4,
+                lease_ttl=60,
+                name="stopper",
+            ):
+                await blocked_in_pop(redis_client)
+                ids.append(enqueue_from_another_loop(redis_url, "h", n))
+                wait_until_running(redis_url, ids[-1])
+                # The stop begins here, before this loop reads the reply.
+            assert await redis_client.scard(KEYS.inflight("stopper")) == 0
+            assert await redis_client.zcard(KEYS.leases) == 0
+            assert await producer.status(ids[-1]) == aiogroupq.TaskState.QUEUED
+        async with aiogroupq.Consumer(
+            redis_client, queue=QUEUE, handlers={"h": handler}, concurrency=4
+        ):
+            with anyio.fail_after(10):
+                while len(ran) < 3:
+                    await anyio.sleep(0.02)
+    assert sorted(ran) == [0, 1, 2]
