@@ -10,7 +10,9 @@ database is flushed):
 - group concurrency 4 (``configure(group_concurrency=4)``);
 - a rate limit on half the groups (``set_group(rate=Rate(10_000, 1.0))``: high
   enough never to hold a group back, so what is measured is its bookkeeping);
-- 3 priority levels (tasks of priority 0, 4 and 9, in turn).
+- 3 priority levels (tasks of priority 0, 4 and 9, in turn);
+- weight 3 on half the groups (``set_group(weight=3)``);
+- exclusive ordering on half the groups (``set_group(ordering="exclusive")``).
 
 After one uncounted warm-up drain, ``--rounds`` rounds (default 3) each
 drain every variant in turn; the best drain rate of each is kept,
@@ -55,12 +57,24 @@ async def _rates(admin: aiogroupq.Admin, groups: int) -> None:
         await admin.set_group(f"g{g}", rate=aiogroupq.Rate(10_000, 1.0))
 
 
+async def _weights(admin: aiogroupq.Admin, groups: int) -> None:
+    for g in range(0, groups, 2):
+        await admin.set_group(f"g{g}", weight=3)
+
+
+async def _exclusive(admin: aiogroupq.Admin, groups: int) -> None:
+    for g in range(0, groups, 2):
+        await admin.set_group(f"g{g}", ordering="exclusive")
+
+
 VARIANTS: list[tuple[str, Setup, bool]] = [
     ("plain (round-robin, concurrency 1)", _nothing, False),
     ("fairness drain", _drain_fairness, False),
     ("group concurrency 4", _concurrency, False),
     ("rate limit on half the groups", _rates, False),
     ("3 priority levels", _nothing, True),
+    ("weight 3 on half the groups", _weights, False),
+    ("exclusive ordering on half the groups", _exclusive, False),
 ]
 
 
