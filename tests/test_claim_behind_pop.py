@@ -1,15 +1,20 @@
 """An idle fetcher writes its claim right behind its blocking pop of the wake
 list, on one connection: the server claims the moment a wake token comes,
 with no round trip back to the consumer in between (the idle pickup's
-latency), and a stop or a flushed script cache costs no task."""
+latency); a stop or a flushed script cache costs no task, and a pop refused
+in front of a claim that ran is waited out as a plain pop's refusal."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import threading
 import time
+from typing import Any
 
 import anyio
+import pytest
 import redis
 import redis.asyncio
 
@@ -137,3 +142,45 @@ async def test_a_consumer_stopped_with_a_claim_unread_holds_nothing(
                 while len(ran) < 3:
                     await anyio.sleep(0.02)
     assert sorted(ran) == [0, 1, 2]
+
+
+async def test_a_pop_refused_in_front_of_a_claim_that_runs_is_paced(
+    redis_client: redis.asyncio.Redis,
+    redis_url: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A user allowed everything but BLPOP (an ACL rule missing it): the pop
+    # in front of each claim is refused at once, and the claim behind it
+    # runs. The refusal is logged and waited out as a plain pop's is, not
+    # answered by the next claim at once, over and over.
+    caplog.set_level(logging.WARNING, logger="aiogroupq")
+    user = f"behind-pop-{os.getpid()}"
+    execute: Any = redis_client.execute_command
+    await execute("ACL", "SETUSER", user, "on", ">pw", "~*", "&*", "+@all", "-blpop")
+    url = redis_url.replace("redis://", f"redis://{user}:pw@")
+    done = anyio.Event()
+
+    async def handler() -> None:
+        done.set()
+
+    try:
+        async with (
+            aiogroupq.Producer(redis_client, queue=QUEUE) as producer,
+            aiogroupq.Consumer(url, queue=QUEUE, handlers={"h": handler}),
+        ):
+            with anyio.fail_after(10):
+                while "waiting for work failed" not in caplog.text:
+                    await anyio.sleep(0.01)
+            stats = await redis_client.info("commandstats")
+            await anyio.sleep(0.5)
+            later = await redis_client.info("commandstats")
+            claims = (
+                later["cmdstat_evalsha"]["calls"] - stats["cmdstat_evalsha"]["calls"]
+            )
+            # One claim per wait of 50 ms at most (and a heartbeat).
+            assert claims <= 15, claims
+            await producer.enqueue("h")
+            with anyio.fail_after(10):
+                await done.wait()
+    finally:
+        await redis_client.acl_deluser(user)

@@ -244,7 +244,8 @@ class ClaimReply:
     expired: tuple[str, ...] = ()  # tasks it ended expired
     replicated: bool = True  # enough replicas acknowledged it (if asked)
     reasons: tuple[str, ...] = ()  # each dead-lettered task's reason
-    #: what the blocking pop written before the claim failed with, if it did
+    #: the error of the blocking pop sent in front of the claim (``pop``), if
+    #: it failed while the claim ran (a damaged wake list refuses the claim)
     pop_error: Exception | None = None
 
 
