@@ -466,26 +466,19 @@ async def _consume(
 
 
 @asynccontextmanager
-async def consumer_processes(
-    url: str,
-    queue: str,
-    *,
-    processes: int = 3,
-    concurrency: int = 8,
-    retry_backoff: float = 1.0,
-    options: Options = Options(),
+async def spawned(
+    target: Callable[..., None],
+    args: Callable[[Flag, Flag], tuple[object, ...]],
+    processes: int,
 ) -> AsyncIterator[list[multiprocessing.process.BaseProcess]]:
-    """*processes* spawned consumer processes journaling their runs, all
-    claiming when the block begins; stopped (and checked to exit 0) after."""
+    """*processes* ``spawn`` children running ``target(*args(ready, stop))``,
+    each having set its *ready* when the block begins; *stop* set after,
+    and each joined (killed after 30 s). Neither outlives a crashed test."""
     ctx = multiprocessing.get_context("spawn")
     stop = ctx.Event()
     readies = [ctx.Event() for _ in range(processes)]
     procs = [
-        ctx.Process(
-            target=consume_in_process,
-            args=(url, queue, concurrency, ready, stop, retry_backoff, options),
-            daemon=True,  # never outlive a crashed test
-        )
+        ctx.Process(target=target, args=args(ready, stop), daemon=True)
         for ready in readies
     ]
     for proc in procs:
@@ -503,4 +496,24 @@ async def consumer_processes(
             await anyio.to_thread.run_sync(proc.join, 30)
             if proc.is_alive():
                 proc.kill()
+
+
+@asynccontextmanager
+async def consumer_processes(
+    url: str,
+    queue: str,
+    *,
+    processes: int = 3,
+    concurrency: int = 8,
+    retry_backoff: float = 1.0,
+    options: Options = Options(),
+) -> AsyncIterator[list[multiprocessing.process.BaseProcess]]:
+    """*processes* spawned consumer processes journaling their runs, all
+    claiming when the block begins; stopped (and checked to exit 0) after."""
+
+    def args(ready: Flag, stop: Flag) -> tuple[object, ...]:
+        return (url, queue, concurrency, ready, stop, retry_backoff, options)
+
+    async with spawned(consume_in_process, args, processes) as procs:
+        yield procs
     assert [p.exitcode for p in procs] == [0] * processes

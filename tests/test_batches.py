@@ -31,7 +31,7 @@ from aiogroupq._store import scripts as _scripts
 from aiogroupq._store.keys import QueueKeys
 from aiogroupq._store.replies import FinishCode
 
-from ._journal import Client, Flag, Job, Journal, check, client_for
+from ._journal import Client, Flag, Job, Journal, check, client_for, spawned
 from ._scripts_helpers import (
     KEYS,
     assert_consistent,
@@ -135,32 +135,12 @@ async def batch_processes(
 ) -> AsyncIterator[list[multiprocessing.process.BaseProcess]]:
     """*processes* spawned batch consumers, all claiming when the block
     begins; stopped after (a process the test killed is left as it is)."""
-    ctx = multiprocessing.get_context("spawn")
-    stop = ctx.Event()
-    readies = [ctx.Event() for _ in range(processes)]
-    procs = [
-        ctx.Process(
-            target=consume_batches,
-            args=(url, concurrency, ready, stop, lease_ttl),
-            daemon=True,
-        )
-        for ready in readies
-    ]
-    for proc in procs:
-        proc.start()
-    try:
-        with anyio.fail_after(LIVENESS):
-            while not all(ready.is_set() for ready in readies):
-                if any(p.exitcode is not None for p in procs):
-                    raise RuntimeError("a consumer process died while starting")
-                await anyio.sleep(0.02)
-        yield list(procs)
-    finally:
-        stop.set()
-        for proc in procs:
-            await anyio.to_thread.run_sync(proc.join, 30)
-            if proc.is_alive():
-                proc.kill()
+
+    def args(ready: Flag, stop: Flag) -> tuple[object, ...]:
+        return (url, concurrency, ready, stop, lease_ttl)
+
+    async with spawned(consume_batches, args, processes) as procs:
+        yield procs
 
 
 async def _enqueue_jobs(

@@ -442,17 +442,22 @@ async def test_bad_input_is_refused_and_unknown_groups_are_zero(
 # -- the command line and the dashboard ----------------------------------------------
 
 
+async def _one_running_three_waiting(
+    producer: aiogroupq.Producer, client: redis.asyncio.Redis, keys: QueueKeys
+) -> tuple[str, list[str]]:
+    """Group g: one task claimed (running), three in its line behind it."""
+    first = await producer.enqueue("t", 0, group="g")
+    await _scripts.claim(client, keys, "c1", k=1, lease_ms=LEASE_MS, scan_limit=5)
+    return first, [await producer.enqueue("t", i, group="g") for i in range(3)]
+
+
 async def test_cli_cancels_and_purges_a_group(
     redis_url: str, redis_client: redis.asyncio.Redis
 ) -> None:
     queue = "ops"
     keys = QueueKeys(queue)
     async with aiogroupq.Producer(redis_client, queue=queue) as producer:
-        first = await producer.enqueue("t", 0, group="g")
-        await _scripts.claim(
-            redis_client, keys, "c1", k=1, lease_ms=LEASE_MS, scan_limit=5
-        )
-        waiting = [await producer.enqueue("t", i, group="g") for i in range(3)]
+        first, waiting = await _one_running_three_waiting(producer, redis_client, keys)
         gone = await producer.enqueue("t", 0, group="d", max_attempts=1)
         assert await _run_once(redis_client, keys, "dead") == [gone]
 
@@ -514,11 +519,7 @@ async def test_dashboard_group_page_cancels_and_purges(
     queue = "dash"
     keys = QueueKeys(queue)
     async with aiogroupq.Producer(redis_client, queue=queue) as producer:
-        first = await producer.enqueue("t", 0, group="g")
-        await _scripts.claim(
-            redis_client, keys, "c1", k=1, lease_ms=LEASE_MS, scan_limit=5
-        )
-        waiting = [await producer.enqueue("t", i, group="g") for i in range(3)]
+        first, waiting = await _one_running_three_waiting(producer, redis_client, keys)
         with serving(create_app(redis_url, queues=[queue], token=TOKEN)) as url:
             async with browser(url) as client:
                 await login(client)

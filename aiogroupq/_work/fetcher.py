@@ -314,6 +314,7 @@ class Fetcher:
         self.keys = keys
         #: whether this fetcher's partition is its queue's only one now
         self.alone = alone
+        self._lease_ms = round(ctx.lease_ttl * 1000)
         self.retired = False
         self._starting = starting
         self._who = f"fetch:{keys.partition}"
@@ -454,7 +455,7 @@ class Fetcher:
             self.keys,
             ctx.name,
             k=k,
-            lease_ms=round(ctx.lease_ttl * 1000),
+            lease_ms=self._lease_ms,
             scan_limit=k + 64,
             retention_ms=ctx.retention_ms,
             replication=ctx.replication,
