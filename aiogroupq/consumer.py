@@ -42,7 +42,7 @@ from ._work.fetcher import FetchContext, Fetchers, SlotPool
 from ._work.handlers import Handler, HandlerFunc, build_routes
 from ._work.leases import LeaseKeeper
 from ._work.outcomes import Counters, Outcomes
-from ._work.runner import RetryPolicy, Running
+from ._work.runner import RetryPolicy
 from ._work.schedule import Schedule, Scheduler
 from ._work.workers import Workers
 from .errors import ConfigurationError, ConsumerRunningError, PayloadTooLargeError
@@ -50,6 +50,7 @@ from .errors import ConfigurationError, ConsumerRunningError, PayloadTooLargeErr
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup
 
+    from ._work.running import Running
     from .task import DeadLetter
 
 logger: logging.Logger = logging.getLogger(__name__)

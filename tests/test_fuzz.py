@@ -42,7 +42,8 @@ from aiogroupq._store.codec import (
 from aiogroupq._store.keys import QueueKeys
 from aiogroupq._store.queries import DeadRow
 from aiogroupq._work.handlers import build_routes
-from aiogroupq._work.runner import RetryPolicy, Running, run_task
+from aiogroupq._work.runner import RetryPolicy, run_task
+from aiogroupq._work.running import Running
 from aiogroupq.task import DeadLetter, Envelope
 
 EXAMPLES = int(os.environ.get("AIOGROUPQ_FUZZ_EXAMPLES", "200"))

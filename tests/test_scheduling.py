@@ -24,7 +24,8 @@ from aiogroupq._store import scripts as _scripts
 from aiogroupq._store.keys import QueueKeys
 from aiogroupq._store.replies import FinishCode
 from aiogroupq._work.handlers import build_routes
-from aiogroupq._work.runner import RetryPolicy, Running, run_task
+from aiogroupq._work.runner import RetryPolicy, run_task
+from aiogroupq._work.running import Running
 
 from ._journal import Entry, Job, Journal, check, consumer_processes, make_handlers
 from ._tasks import envelope_of

@@ -12,7 +12,8 @@ import pytest
 from aiogroupq._store import scripts as _scripts
 from aiogroupq._work.handlers import build_routes
 from aiogroupq._work.handoff import Handoff
-from aiogroupq._work.runner import RetryPolicy, Running, run_task
+from aiogroupq._work.runner import RetryPolicy, run_task
+from aiogroupq._work.running import Running
 
 from ._tasks import envelope_of
 

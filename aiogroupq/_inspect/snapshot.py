@@ -29,11 +29,15 @@ from typing import TYPE_CHECKING, Any, Final
 from redis.crc import key_slot
 from redis.exceptions import ResponseError
 
-from .._store.codec import describe_decode_error, unpack
+from .._store.codec import (
+    ENVELOPE_OVERHEAD,
+    describe_decode_error,
+    out_of_range,
+    unpack,
+)
 from .._store.connection import node_of
 from .._store.defaults import DEFAULT_MAX_PAYLOAD_BYTES
 from .._store.wrongtype import is_wrong_type
-from .._work.runner import ENVELOPE_OVERHEAD, _out_of_range
 
 if TYPE_CHECKING:
     from .._store.connection import Client
@@ -539,7 +543,7 @@ def _judge_envelope(
             f"{max_payload} a consumer allows"
         )
         snap.bad_envelopes[task_id] = (True, detail)
-    elif problem := _out_of_range(envelope):
+    elif problem := out_of_range(envelope):
         snap.bad_envelopes[task_id] = (False, problem)
 
 

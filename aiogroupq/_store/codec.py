@@ -41,6 +41,11 @@ _OTHER_BYTES: Final = bytes(b for b in range(256) if b not in _CONTAINER_HEADS)
 _is_container: Final = frozenset((list, dict, tuple)).__contains__
 
 
+#: what an envelope adds to its payload at most: a 28-character id, a task
+#: type and a group of at most 256 bytes each, a few integers, headers
+ENVELOPE_OVERHEAD: Final = 1024
+
+
 class EncodeFailure(Exception):
     """A value cannot be stored: MessagePack cannot encode it, or it nests
     deeper than :data:`MAX_DEPTH`. Callers turn it into their own error."""
@@ -58,6 +63,17 @@ def unpack(data: bytes) -> Envelope:
         are not a valid envelope
     """
     return _envelope_decoder.decode(data)
+
+
+def out_of_range(envelope: Envelope) -> str:
+    """What a producer never writes but well-formed bytes can hold ("" if
+    nothing): a consumer's attempt logic relies on these bounds, and the
+    check holds stored tasks to them."""
+    if envelope.max_attempts < 1:
+        return f"max_attempts is {envelope.max_attempts}, not >= 1"
+    if envelope.timeout_ms is not None and envelope.timeout_ms < 1:
+        return f"timeout_ms is {envelope.timeout_ms}, not >= 1"
+    return ""
 
 
 def encode_payload(payload: object) -> msgspec.Raw:

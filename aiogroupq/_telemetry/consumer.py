@@ -13,7 +13,7 @@ from .events import EventKind, Observers
 from .watchdog import Watchdog, threshold_for
 
 if TYPE_CHECKING:
-    from .._work.runner import Running
+    from .._work.running import Running
 
 logger: logging.Logger = logging.getLogger("aiogroupq.consumer")
 

@@ -38,7 +38,7 @@ from .._store.wrongtype import is_wrong_type
 from ..errors import ConfigurationError, CorruptQueueError, QueueFullError
 from .damage import PROBE, DamageWatch
 from .leases import local_lease
-from .runner import Running
+from .running import Running
 
 if TYPE_CHECKING:
     from anyio.abc import TaskStatus
@@ -166,7 +166,7 @@ class Fetchers:
         """Add up to *most* tasks of *head*'s group's line to its batch
         (``batch_extend.lua``), held and leased as claimed ones; return how
         many, or -1 when the batch must not grow any more (see
-        :data:`~.runner.TopUp`).
+        :data:`~.batch.TopUp`).
 
         A call that failed (or was cancelled) may have run and its reply been
         lost: members we do not know may be claimed for the batch. The batch

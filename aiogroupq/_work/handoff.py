@@ -18,7 +18,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .runner import Running
+    from .running import Running
 
 
 class Handoff:

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from .._store.keys import QueueKeys
     from .._store.partition import Partitions
     from .outcomes import Counters
-    from .runner import Running
+    from .running import Running
 
 logger = logging.getLogger("aiogroupq.consumer")  # the consumer's own lines
 

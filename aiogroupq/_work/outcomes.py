@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from .._telemetry.consumer import Telemetry
     from ..task import DeadLetter
     from .damage import DamageWatch
-    from .runner import Running
+    from .running import Running
 
 logger = logging.getLogger("aiogroupq.consumer")  # the consumer's own lines
 

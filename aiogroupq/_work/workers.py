@@ -9,16 +9,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .batch import TopUp, run_batch
 from .fetcher import SlotPool
 from .handoff import Handoff
-from .runner import RetryPolicy, TopUp, run_task
+from .runner import RetryPolicy, run_task
 
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup
 
     from .._telemetry.events import Observers
+    from ..task import Envelope
     from .handlers import Route
     from .outcomes import Outcomes
+    from .runner import _Attempt
 
 
 class Workers:
@@ -66,6 +69,18 @@ class Workers:
         for running in reversed(self.send.drain()):
             self._outcomes.hand_back(running)
 
+    async def _run_batch(
+        self,
+        head: _Attempt,
+        envelope: Envelope,
+        policy: RetryPolicy,
+        routes: dict[str, Route],
+        max_payload_bytes: int,
+    ) -> None:
+        await run_batch(
+            head, envelope, policy, routes, max_payload_bytes, topup=self.topup
+        )
+
     async def _work(self) -> None:
         slots, outcomes, submit = self.slots, self._outcomes, self._outcomes.submit
         routes, policy, observers = self._routes, self._policy, self._observers
@@ -92,7 +107,7 @@ class Workers:
                     submit,
                     max_payload_bytes=max_payload_bytes,
                     observers=observers,
-                    topup=self.topup,
+                    batch=self._run_batch,
                 )
             finally:
                 if running.lost:
