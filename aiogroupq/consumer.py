@@ -35,7 +35,6 @@ from ._store.failures import translated_errors
 from ._store.partition import Partitions, check_count
 from ._store.server_checks import check_replicas, check_server
 from ._store.validate import setting_int, setting_seconds
-from ._telemetry.consumer import Telemetry
 from ._telemetry.events import Observer, Observers, check_observers
 from ._work.damage import DamageWatch
 from ._work.fetcher import FetchContext, Fetchers, SlotPool
@@ -44,6 +43,7 @@ from ._work.leases import LeaseKeeper
 from ._work.outcomes import Counters, Outcomes
 from ._work.runner import RetryPolicy
 from ._work.schedule import Schedule, Scheduler
+from ._work.telemetry import Telemetry
 from ._work.workers import Workers
 from .errors import ConfigurationError, ConsumerRunningError, PayloadTooLargeError
 

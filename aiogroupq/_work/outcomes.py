@@ -33,10 +33,10 @@ if TYPE_CHECKING:
 
     from .._store.connection import Client
     from .._store.partition import Partitions
-    from .._telemetry.consumer import Telemetry
     from ..task import DeadLetter
     from .damage import DamageWatch
     from .running import Running
+    from .telemetry import Telemetry
 
 logger = logging.getLogger("aiogroupq.consumer")  # the consumer's own lines
 

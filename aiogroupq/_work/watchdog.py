@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Final
 import anyio
 
 if TYPE_CHECKING:
-    from .._work.running import Running
+    from .running import Running
 
 #: longest stall that goes unreported, in seconds (less with short leases)
 MAX_THRESHOLD: Final = 1.0

@@ -1,6 +1,6 @@
 """What a consumer tells its logs and observers beyond each task's own
 lines: its start-up banner, recorded outcomes, lost leases and stalls of the
-event loop (which it measures with the :mod:`~aiogroupq._telemetry.watchdog`)."""
+event loop (which it measures with the :mod:`~aiogroupq._work.watchdog`)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from .._store.codec import unpack
-from .events import EventKind, Observers
+from .._telemetry.events import EventKind, Observers
 from .watchdog import Watchdog, threshold_for
 
 if TYPE_CHECKING:
-    from .._work.running import Running
+    from .running import Running
 
 logger: logging.Logger = logging.getLogger("aiogroupq.consumer")
 
