@@ -89,7 +89,9 @@ class Queue:
     async def control(self, op: str, *args: str | int) -> None:
         await _scripts.control(self.client, KEYS, op, *args)
 
-    async def finish(self, *outcomes: tuple[str, str, str | int]) -> None:
+    async def finish(
+        self, *outcomes: tuple[str, _scripts.OutcomeKind, str | int]
+    ) -> None:
         codes = await _scripts.finish(
             self.client,
             KEYS,

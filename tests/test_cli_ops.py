@@ -73,7 +73,7 @@ async def claim(client: redis.asyncio.Redis, k: int = 1) -> list[_scripts.Claime
 
 
 async def finish(
-    client: redis.asyncio.Redis, tasks: Sequence[_scripts.Claimed], kind: str
+    client: redis.asyncio.Redis, tasks: Sequence[_scripts.Claimed], kind: _scripts.OutcomeKind
 ) -> None:
     reason = "ValueError: bad row" if kind in ("dead", "halt") else ""
     outcomes = [

@@ -83,7 +83,7 @@ async def test_finish_with_the_token_of_a_recovered_attempt_is_refused(
     before = await dump(redis_client)
     # Every kind of late outcome from the stalled consumer: refused, and not
     # one key changed (the group stays with the new attempt, a2 waits).
-    late: list[tuple[str, str | int | bytes, str]] = [
+    late: list[tuple[_scripts.OutcomeKind, str | int | bytes, str]] = [
         ("ok", "", ""),
         ("ok", b"\x01", ""),
         ("retry", 0, "err"),

@@ -341,7 +341,7 @@ async def test_a_delayed_task_coming_due_between_calls_is_cancelled_too(
 
 
 async def _run_once(
-    client: redis.asyncio.Redis, keys: QueueKeys, kind: str, k: int = 1
+    client: redis.asyncio.Redis, keys: QueueKeys, kind: _scripts.OutcomeKind, k: int = 1
 ) -> list[str]:
     """Claim *k* tasks and end them as *kind* (``dead``, ``halt``, ``ok``)."""
     reply = await _scripts.claim(

@@ -555,9 +555,10 @@ class QueueMachine(RuleBasedStateMachine):
                 expected.append(FinishCode.LEASE_LOST)
                 continue
             # Retries weigh double: they are what group order is hardest on.
-            kind = data.draw(
-                st.sampled_from(["ok", "ok", "retry", "retry", "dead", "halt", "back"])
-            )
+            kinds: list[_scripts.OutcomeKind] = [
+                "ok", "ok", "retry", "retry", "dead", "halt", "back"
+            ]  # fmt: skip
+            kind = data.draw(st.sampled_from(kinds))
             delay = data.draw(st.sampled_from([0, 1, 5, 20])) if kind == "retry" else 0
             arg1: str | int = "reason"
             if kind == "retry":

@@ -219,7 +219,13 @@ async def test_finish_with_a_stale_token_changes_nothing(
     await enqueue(redis_client, new("a1", "g"), new("a2", "g"))
     a1 = await claim_one(redis_client)
     before = await dump(redis_client)
-    for kind, arg1 in (("ok", ""), ("retry", 0), ("dead", "x"), ("back", "")):
+    kinds: list[tuple[_scripts.OutcomeKind, str | int]] = [
+        ("ok", ""),
+        ("retry", 0),
+        ("dead", "x"),
+        ("back", ""),
+    ]
+    for kind, arg1 in kinds:
         stale = _scripts.Outcome("a1", a1.token + 1000, kind, arg1)
         assert await finish(redis_client, stale) == [FinishCode.LEASE_LOST], kind
         assert await dump(redis_client) == before, kind
@@ -267,7 +273,7 @@ async def test_finish_malformed_batch_changes_nothing(
     a1, b1 = (await claim(redis_client, k=2)).tasks
     before = await dump(redis_client)
     # The first outcome is valid, the second is not: neither is applied.
-    unknown = [ok(a1), _scripts.Outcome("b1", b1.token, "explode")]
+    unknown = [ok(a1), _scripts.Outcome("b1", b1.token, "explode")]  # type: ignore[arg-type]
     with pytest.raises(ResponseError, match="unknown outcome"):
         await finish(redis_client, *unknown)
     assert await dump(redis_client) == before

@@ -49,7 +49,7 @@ async def claim(
 async def finish(
     client: redis.asyncio.Redis,
     task: _scripts.Claimed,
-    kind: str,
+    kind: _scripts.OutcomeKind,
     arg1: str | int = "",
     arg2: str = "",
 ) -> None:

@@ -61,7 +61,7 @@ async def register(
 
 
 async def finish(
-    client: redis.asyncio.Redis, task: _scripts.Claimed, kind: str, *args: str
+    client: redis.asyncio.Redis, task: _scripts.Claimed, kind: _scripts.OutcomeKind, *args: str
 ) -> None:
     outcome = _scripts.Outcome(task.id, task.token, kind, *args)
     codes = await _scripts.finish(client, KEYS, [outcome], retention_ms=60_000)

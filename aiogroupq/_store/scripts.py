@@ -13,7 +13,7 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from redis.exceptions import ResponseError
 
@@ -400,13 +400,20 @@ async def batch_extend(
     return ClaimReply(tasks, -1, False, replicated=replicated)
 
 
+#: what ``finish.lua`` does with an attempt: succeeded, retry after a
+#: delay, dead-letter (``halt``: and halt its group), cancelled, handed back
+#: uncounted (``back``: to the front of its group; ``line``: a batch member
+#: not run, behind its head)
+OutcomeKind = Literal["ok", "retry", "dead", "halt", "cancel", "back", "line"]
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """One attempt's result for ``finish.lua``."""
 
     id: str
     token: int
-    kind: str  # "ok" | "retry" | "dead" | "halt" | "cancel" | "back" | "line"
+    kind: OutcomeKind
     arg1: str | int | bytes = ""
     arg2: str = ""
 

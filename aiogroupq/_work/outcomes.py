@@ -138,7 +138,7 @@ class Outcomes:
         (a batch's members to the front of its group's line behind it)."""
         running.line_members(self.finisher.submit)
         claimed = running.claimed
-        kind = "line" if running.head is not None else "back"
+        kind: _scripts.OutcomeKind = "line" if running.head is not None else "back"
         self.finisher.submit(_scripts.Outcome(claimed.id, claimed.token, kind))
 
     def lease_lost(self, running: Running) -> None:

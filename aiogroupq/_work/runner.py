@@ -22,7 +22,7 @@ from .._store.codec import (
     unpack,
 )
 from .._store.defaults import START_WINDOW
-from .._store.scripts import Outcome
+from .._store.scripts import Outcome, OutcomeKind
 from .._telemetry.events import EventKind, Observers
 from .._telemetry.log import describe, short, task_extra
 from ..errors import Retry
@@ -30,7 +30,7 @@ from ..task import DeadLetter, Envelope, TaskInfo, _current
 
 if TYPE_CHECKING:
     from .handlers import Route
-    from .running import Running
+    from .running import Running, StoppedBy
 
 logger = logging.getLogger("aiogroupq.consumer")
 
@@ -121,7 +121,9 @@ class _Attempt:
             self.claimed.attempt,
         )
 
-    def outcome(self, kind: str, arg1: str | int | bytes = "", arg2: str = "") -> None:
+    def outcome(
+        self, kind: OutcomeKind, arg1: str | int | bytes = "", arg2: str = ""
+    ) -> None:
         self.submit(
             Outcome(self.claimed.id, self.claimed.token, kind, arg1, arg2), None
         )
@@ -139,7 +141,7 @@ class _Attempt:
             attempts=claimed.attempt,
             dead_at=0.0,
         )
-        kind = "halt" if halt and envelope and envelope.group else "dead"
+        kind: OutcomeKind = "halt" if halt and envelope and envelope.group else "dead"
         self.submit(Outcome(claimed.id, claimed.token, kind, reason, trace), notice)
 
     def reject(
@@ -343,7 +345,7 @@ async def _invoke(
     info: TaskInfo,
     timeout: float | None,
     *args: object,
-) -> tuple[str | None, object, Exception | None]:
+) -> tuple[StoppedBy | None, object, Exception | None]:
     """Call the attempt's handler with *args* in *task*, under its lease and
     *timeout*, as *info* (a single task's and a batch's path alike).
 
@@ -476,7 +478,7 @@ def _conclude(
     attempt: _Attempt,
     policy: RetryPolicy,
     result: object,
-    stopped: str | None,
+    stopped: StoppedBy | None,
     timeout: float | None,
 ) -> None:
     """Turn a handler that returned, timed out or was stopped (*stopped*:

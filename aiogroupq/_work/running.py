@@ -9,7 +9,7 @@ import asyncio
 import math
 from collections.abc import Callable, Sequence
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from .._store.scripts import Claimed, Outcome
 from .._telemetry.log import describe, task_extra
@@ -17,7 +17,11 @@ from .._telemetry.log import describe, task_extra
 if TYPE_CHECKING:
     from ..task import TaskInfo
 
-__all__ = ("Running",)
+__all__ = ("Running", "StoppedBy")
+
+#: what stopped a handler: its lease (lost, cancelled on request, or past
+#: the local lease deadline) or its timeout
+StoppedBy = Literal["lease", "timeout"]
 
 
 class Running:
@@ -80,7 +84,7 @@ class Running:
         #: what stopped the handler: "lease" (lost, cancelled on request or
         #: past the local lease deadline) or "timeout"; None while it runs
         #: or when it ended by itself
-        self.stopped_by: str | None = None
+        self.stopped_by: StoppedBy | None = None
         # While the handler runs: its task, the end of its timeout, and the
         # timer that stops it at the earlier of that and the lease deadline.
         self._task: asyncio.Task[Any] | None = None
@@ -158,7 +162,7 @@ class Running:
         else:
             self._arm()
 
-    def end(self, *, cancelled: bool) -> str | None:
+    def end(self, *, cancelled: bool) -> StoppedBy | None:
         """The handler ended (*cancelled*: with a cancellation): what stopped
         it, or None if nothing of ours did, or if something else cancelled it
         too (the consumer's shutdown: that cancellation goes on)."""
@@ -196,7 +200,7 @@ class Running:
         else:  # the lease was extended meanwhile
             self._arm()
 
-    def _stop(self, reason: str) -> None:
+    def _stop(self, reason: StoppedBy) -> None:
         # Only while the handler runs, and once: the first reason stands.
         if self._task is not None and self.stopped_by is None:
             self.stopped_by = reason
