@@ -59,6 +59,9 @@
 --- @include "groups"
 
 local PER = 14
+-- A task's arguments are ARGV[b + ...], b = 4 + PER * i (the header's order).
+local ID, GROUP, ENVELOPE, DELAY, RUN_AT, ATTEMPTS, DEDUP = 0, 1, 2, 3, 4, 5, 6
+local UNIQUE, PRIO, EXPIRES, EXPIRE_AT, SCHED, TICK, IDENT = 7, 8, 9, 10, 11, 12, 13
 local window, n = tonumber(ARGV[2]), tonumber(ARGV[3])
 local HASHES = n and 4 + PER * n -- ARGV[HASHES] is p, ARGV[HASHES + 1 + i] task i's hash
 local routed = n and #ARGV == 4 + PER * n + n
@@ -69,15 +72,15 @@ local part = routed and tonumber(ARGV[HASHES])
 local any_prio, any_unique = false, false -- any_prio: of the new tasks
 for i = 0, n - 1 do
   local b = 4 + PER * i
-  local delay, run_at, attempts = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
-  local prio, tick = ARGV[b + 8], tonumber(ARGV[b + 12])
-  if not (delay and run_at and attempts and tonumber(ARGV[b + 9]) and tonumber(ARGV[b + 10]) and tick)
+  local delay, run_at, attempts = tonumber(ARGV[b + DELAY]), tonumber(ARGV[b + RUN_AT]), tonumber(ARGV[b + ATTEMPTS])
+  local prio, tick = ARGV[b + PRIO], tonumber(ARGV[b + TICK])
+  if not (delay and run_at and attempts and tonumber(ARGV[b + EXPIRES]) and tonumber(ARGV[b + EXPIRE_AT]) and tick)
       or (prio ~= '' and not tonumber(prio))
-      or (routed and not (part and (ARGV[b + 1] == '') == (ARGV[HASHES + 1 + i] == '')
-        and (ARGV[b + 1] == '' or tonumber(ARGV[HASHES + 1 + i])))) then
+      or (routed and not (part and (ARGV[b + GROUP] == '') == (ARGV[HASHES + 1 + i] == '')
+        and (ARGV[b + GROUP] == '' or tonumber(ARGV[HASHES + 1 + i])))) then
     return redis.error_reply('ERR aiogroupq enqueue: malformed task arguments')
   end
-  any_unique = any_unique or ARGV[b + 7] == '1'
+  any_unique = any_unique or ARGV[b + UNIQUE] == '1'
 end
 
 -- Read everything the batch will write before its first write: the
@@ -124,13 +127,13 @@ local plan, seen, adds, first_of = {}, {}, {}, {}
 local any_new, any_delayed = false, false
 for i = 0, n - 1 do
   local b = 4 + PER * i
-  local id, g, dkey, sched = ARGV[b], ARGV[b + 1], ARGV[b + 6], ARGV[b + 11]
+  local id, g, dkey, sched = ARGV[b + ID], ARGV[b + GROUP], ARGV[b + DEDUP], ARGV[b + SCHED]
   local p = { id = id, out = id, new = true, g = g ~= '' and g or nil, dkey = dkey }
   if moved[i] then p.new, p.out, p.dkey, sched = false, '>', '', '' end
   if sched ~= '' then
     local last = redis.pcall('GET', PREFIX .. 'sched:' .. sched)
     if wrong_type(last) then return corrupt(PREFIX .. 'sched:' .. sched, last.err) end
-    if (tonumber(last) or -1) >= tonumber(ARGV[b + 12]) then p.new, p.out = false, '' end
+    if (tonumber(last) or -1) >= tonumber(ARGV[b + TICK]) then p.new, p.out = false, '' end
   end
   if p.new and dkey ~= '' then
     local first = seen[dkey]
@@ -152,13 +155,13 @@ for i = 0, n - 1 do
       return redis.error_reply('ERR aiogroupq group-full ' .. i .. ' ' .. (live - 1) .. ' ' .. G.mx)
     end
   end
-  if p.new and (tonumber(ARGV[b + 8]) or (p.g and GROUPS[p.g].prio) or 0) > 0 then
+  if p.new and (tonumber(ARGV[b + PRIO]) or (p.g and GROUPS[p.g].prio) or 0) > 0 then
     any_prio = true
   end
   if p.new then
     any_new = true
-    local run_at = tonumber(ARGV[b + 4])
-    if (run_at > 0 and run_at or now + tonumber(ARGV[b + 3])) > now then any_delayed = true end
+    local run_at = tonumber(ARGV[b + RUN_AT])
+    if (run_at > 0 and run_at or now + tonumber(ARGV[b + DELAY])) > now then any_delayed = true end
   end
   plan[i] = p
 end
@@ -203,7 +206,7 @@ for i = 0, n - 1 do
   local p = plan[i]
   ids[i + 1] = p.out
   if p.out == p.id and p.dkey ~= '' then
-    if ARGV[b + 7] == '1' then
+    if ARGV[b + UNIQUE] == '1' then
       redis.call('SET', k_dedup(p.dkey), p.id)
     else
       redis.call('SET', k_dedup(p.dkey), p.id, 'PX', window)
@@ -212,12 +215,12 @@ for i = 0, n - 1 do
   if p.new then
     local id, g = p.id, p.g
     local G = g and GROUPS[g]
-    local delay, run_at = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
+    local delay, run_at = tonumber(ARGV[b + DELAY]), tonumber(ARGV[b + RUN_AT])
     local due = run_at > 0 and run_at or now + delay
-    local level = tonumber(ARGV[b + 8]) or (G and G.prio) or 0
-    local expires, expire_at = tonumber(ARGV[b + 9]), tonumber(ARGV[b + 10])
+    local level = tonumber(ARGV[b + PRIO]) or (G and G.prio) or 0
+    local expires, expire_at = tonumber(ARGV[b + EXPIRES]), tonumber(ARGV[b + EXPIRE_AT])
     local xp = expire_at > 0 and expire_at or (expires > 0 and now + expires) or nil
-    if ARGV[b + 11] ~= '' then redis.call('SET', PREFIX .. 'sched:' .. ARGV[b + 11], ARGV[b + 12]) end
+    if ARGV[b + SCHED] ~= '' then redis.call('SET', PREFIX .. 'sched:' .. ARGV[b + SCHED], ARGV[b + TICK]) end
     local state = 'queued'
     if due > now then
       state = 'delayed'
@@ -232,12 +235,12 @@ for i = 0, n - 1 do
       due = now
       if route(id, G, level) == 'ready' then readied = readied + 1 end
     end
-    local fields = { 'e', ARGV[b + 2], 'm', ARGV[b + 5], 'a', 0, 's', state, 'dt', due }
+    local fields = { 'e', ARGV[b + ENVELOPE], 'm', ARGV[b + ATTEMPTS], 'a', 0, 's', state, 'dt', due }
     if g then fields[#fields + 1] = 'g'; fields[#fields + 1] = g end
-    if ARGV[b + 13] ~= '' then fields[#fields + 1] = 'i'; fields[#fields + 1] = ARGV[b + 13] end
+    if ARGV[b + IDENT] ~= '' then fields[#fields + 1] = 'i'; fields[#fields + 1] = ARGV[b + IDENT] end
     if level > 0 then fields[#fields + 1] = 'p'; fields[#fields + 1] = level end
     if xp then fields[#fields + 1] = 'xp'; fields[#fields + 1] = xp end
-    if ARGV[b + 7] == '1' and p.dkey ~= '' then
+    if ARGV[b + UNIQUE] == '1' and p.dkey ~= '' then
       fields[#fields + 1] = 'u'; fields[#fields + 1] = p.dkey
     end
     redis.call('HSET', k_task(id), unpack(fields))
