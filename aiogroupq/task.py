@@ -167,7 +167,9 @@ class DeadLetter:
     dead_at: float
 
 
-_current: Final[contextvars.ContextVar[TaskInfo]] = contextvars.ContextVar(
+#: the task whose handler runs in this context (set by the consumer and
+#: ``testing.run_inline`` around a handler call; not exported)
+CURRENT_TASK: Final[contextvars.ContextVar[TaskInfo]] = contextvars.ContextVar(
     "aiogroupq_current_task"
 )
 
@@ -178,14 +180,15 @@ def current_task() -> TaskInfo:
     :raises RuntimeError: when called outside a handler
     """
     try:
-        return _current.get()
+        return CURRENT_TASK.get()
     except LookupError:
         raise RuntimeError(
             "aiogroupq.current_task() was called outside a task handler"
         ) from None
 
 
-_batch: Final[contextvars.ContextVar[list[TaskInfo]]] = contextvars.ContextVar(
+#: each task of the batch whose handler runs in this context, in order
+CURRENT_BATCH: Final[contextvars.ContextVar[list[TaskInfo]]] = contextvars.ContextVar(
     "aiogroupq_current_batch"
 )
 
@@ -198,7 +201,7 @@ def current_batch() -> list[TaskInfo]:
     :raises RuntimeError: when called outside a batch handler
     """
     try:
-        return list(_batch.get())
+        return list(CURRENT_BATCH.get())
     except LookupError:
         raise RuntimeError(
             "aiogroupq.current_batch() was called outside a batch handler"

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._store.codec import EncodeFailure, encode_payload
 from ..errors import BatchFailed, Retry
-from ..task import _batch
+from ..task import CURRENT_BATCH
 from .runner import (
     RetryPolicy,
     Submit,
@@ -195,14 +195,14 @@ class _Batch:
             _begin(attempt, envelope)
             for attempt, envelope in zip(self.runs, envelopes, strict=True)
         ]
-        batch_token = _batch.set(infos)
+        batch_token = CURRENT_BATCH.set(infos)
         try:
             payloads = [attempt.payload for attempt in self.runs]
             stopped, result, error = await _invoke(
                 head, task, infos[0], timeout, payloads
             )
         finally:
-            _batch.reset(batch_token)
+            CURRENT_BATCH.reset(batch_token)
         for attempt in self.runs[1:]:
             attempt.running.duration = running.duration
         if isinstance(error, BatchFailed):

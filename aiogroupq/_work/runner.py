@@ -26,7 +26,7 @@ from .._store.scripts import Outcome, OutcomeKind
 from .._telemetry.events import EventKind, Observers
 from .._telemetry.log import describe, short, task_extra
 from ..errors import Retry
-from ..task import DeadLetter, Envelope, TaskInfo, _current
+from ..task import CURRENT_TASK, DeadLetter, Envelope, TaskInfo
 
 if TYPE_CHECKING:
     from .handlers import Route
@@ -356,7 +356,7 @@ async def _invoke(
         finish, so it goes back to the front of its group)
     """
     running = attempt.running
-    context_token = _current.set(info)
+    context_token = CURRENT_TASK.set(info)
     running.frame = sys._getframe()
     started = time.perf_counter()
     running.begin(task, timeout)
@@ -381,7 +381,7 @@ async def _invoke(
         running.end(cancelled=True)
         running.frame = None
         running.duration = time.perf_counter() - started
-        _current.reset(context_token)
+        CURRENT_TASK.reset(context_token)
 
 
 def _decode(

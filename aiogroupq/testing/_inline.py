@@ -14,7 +14,7 @@ from .._store import validate as _validate
 from .._store.codec import EncodeFailure, encode_payload
 from .._work.handlers import Handler, HandlerFunc, Route, build_routes
 from ..errors import InvalidTaskError, UnencodablePayloadError
-from ..task import TaskInfo, _batch, _current
+from ..task import CURRENT_BATCH, CURRENT_TASK, TaskInfo
 from ._errors import PayloadDecodeError, ResultEncodeError
 
 
@@ -91,8 +91,8 @@ async def run_inline(
         )
         for i in range(len(payloads))
     ]
-    token = _current.set(infos[0])
-    batch_token = _batch.set(infos) if batch is not None else None
+    token = CURRENT_TASK.set(infos[0])
+    batch_token = CURRENT_BATCH.set(infos) if batch is not None else None
     try:
         with anyio.move_on_after(limit) as scope:
             if batch is not None:
@@ -103,8 +103,8 @@ async def run_inline(
                 result = await route.func()
     finally:
         if batch_token is not None:
-            _batch.reset(batch_token)
-        _current.reset(token)
+            CURRENT_BATCH.reset(batch_token)
+        CURRENT_TASK.reset(token)
     if scope.cancelled_caught:
         raise TimeoutError(f"the attempt exceeded its timeout of {limit}s")
     if route.options.store_result:
