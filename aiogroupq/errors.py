@@ -7,6 +7,7 @@ The hierarchy::
     │   ├── AuthenticationError     Redis refused the user name or password
     │   └── PermissionDeniedError   the Redis user may not run a command or touch a key
     ├── ConsumerRunningError        a Consumer was entered while already running
+    ├── NotOpenError                a Producer/Admin used outside async with, or on another loop
     ├── InvalidTaskError            a task is refused before anything is written
     │   ├── BatchTooLargeError      more tasks, or bytes, in one enqueue_many than allowed
     │   ├── InvalidGroupError       empty, too long or not a string
@@ -47,6 +48,7 @@ __all__ = (
     "InvalidTaskError",
     "MissingExtraError",
     "NoResultError",
+    "NotOpenError",
     "NotReplicatedError",
     "OutcomeUnknownError",
     "PayloadTooLargeError",
@@ -122,6 +124,28 @@ class ConsumerRunningError(AiogroupqError, RuntimeError):
             "before entering it again, or create another Consumer"
         )
         self.name = name
+
+
+class NotOpenError(AiogroupqError, RuntimeError):
+    """A :class:`~aiogroupq.Producer` or :class:`~aiogroupq.Admin` was used
+    outside its ``async with`` block, or on another event loop than the one
+    that entered it (its connections belong to that loop).
+
+    :ivar other_loop: whether it is open, on another event loop
+    """
+
+    def __init__(self, name: str, *, other_loop: bool) -> None:
+        if other_loop:
+            message = (
+                f"this {name} was opened on another event loop: use it on the loop "
+                f"that entered its 'async with {name}(...)' block, or open one on "
+                "this loop (with pytest-asyncio: give the fixture that opens it the "
+                "loop_scope of the tests that use it)"
+            )
+        else:
+            message = f"this {name} is not open: use it inside 'async with {name}(...)'"
+        super().__init__(message)
+        self.other_loop = other_loop
 
 
 class InvalidTaskError(AiogroupqError, ValueError):

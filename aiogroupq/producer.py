@@ -251,6 +251,8 @@ class Producer(QueueHandle, anyio.AsyncContextManagerMixin):
             unique=unique,
             dedup_scope=dedup_scope,
         )
+        # Before the send lane, whose futures belong to the loop that opened it.
+        self._open_client()
         ids = await self._enqueue([task], [self._prepare(task)])
         return ids[0]
 
@@ -262,7 +264,8 @@ class Producer(QueueHandle, anyio.AsyncContextManagerMixin):
         checked before anything is sent: one bad task refuses the whole batch.
         One call takes at most 1,000 tasks and, with more than one task, at
         most ``max_batch_bytes`` of encoded tasks (8 MiB by default), so that
-        the atomic script stays short; split larger batches.
+        the atomic script stays short. Split larger batches into several
+        calls, each atomic on its own ("Limits" in docs/usage.md shows how).
 
         :raises InvalidTaskError: (or a subclass) for the first bad task;
             nothing is written to Redis

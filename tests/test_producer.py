@@ -8,17 +8,22 @@ refused task loses nothing and leaves nothing half-written behind.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
 import string
+import textwrap
 from collections import defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import AsyncExitStack
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
 
 import anyio
 import msgspec
 import pytest
+import redis
 import redis.asyncio
 
 import aiogroupq
@@ -35,8 +40,10 @@ from aiogroupq import (
     UnknownTaskTypeError,
 )
 from aiogroupq._store.keys import QueueKeys
+from aiogroupq.errors import NotOpenError
 
 QUEUE = "tests"
+T = TypeVar("T")
 HEX = frozenset(string.hexdigits.lower())
 
 
@@ -429,6 +436,56 @@ async def test_methods_outside_async_with_raise_runtime_error(
     assert len(await _task_keys(redis_client)) == 1
 
 
+async def test_the_not_open_error_is_typed(redis_client: redis.asyncio.Redis) -> None:
+    calls = {
+        "Producer": Producer(redis_client, queue=QUEUE).enqueue("t"),
+        "Admin": aiogroupq.Admin(redis_client, queue=QUEUE).stats(),
+    }
+    for name, call in calls.items():
+        with pytest.raises(NotOpenError, match=f"this {name} is not open") as caught:
+            await call
+        assert not caught.value.other_loop
+        assert isinstance(caught.value, AiogroupqError)
+
+
+async def _awaited(call: Awaitable[T]) -> T:
+    return await call
+
+
+def test_a_handle_used_on_another_loop_says_so(redis_url: str) -> None:
+    """A Producer or Admin entered on one event loop and used on another (a
+    module-scoped fixture serving tests on their own loops) names the cause,
+    where it used to fail inside the send lane or in redis-py."""
+    with redis.Redis.from_url(redis_url) as sync_client:
+        sync_client.flushdb()
+    producer = Producer(redis_url, queue=QUEUE)
+    admin = aiogroupq.Admin(redis_url, queue=QUEUE)
+    with asyncio.Runner() as opening, asyncio.Runner() as other:
+        stack = AsyncExitStack()
+        opening.run(stack.enter_async_context(producer))
+        opening.run(stack.enter_async_context(admin))
+        try:
+            elsewhere: list[Awaitable[object]] = [
+                producer.enqueue("t"),
+                producer.enqueue_many([Task("t")]),
+                producer.status("0" * 28),
+                admin.stats(),
+            ]
+            for call in elsewhere:
+                with pytest.raises(
+                    NotOpenError, match="opened on another event loop: use it on"
+                ) as caught:
+                    other.run(_awaited(call))
+                assert caught.value.other_loop
+            # On its own loop it still works, and the refusals wrote nothing.
+            task_id = opening.run(_awaited(producer.enqueue("t")))
+            assert opening.run(_awaited(admin.stats())).ready == 1
+            state = opening.run(_awaited(producer.status(task_id)))
+            assert state == TaskState.QUEUED
+        finally:
+            opening.run(stack.aclose())
+
+
 async def test_borrowed_client_is_not_closed(redis_url: str) -> None:
     name = "borrowed-by-producer"
     client = redis.asyncio.Redis.from_url(redis_url, client_name=name)
@@ -600,3 +657,39 @@ async def test_enqueue_many_over_the_batch_limit_is_refused_before_any_io(
     assert (info.value.size, info.value.limit) == (MAX_BATCH + 1, MAX_BATCH)
     assert await redis_client.dbsize() == 0
     assert len(await producer.enqueue_many(too_many[:MAX_BATCH])) == MAX_BATCH
+
+
+async def test_the_documented_split_of_a_larger_batch(
+    producer: Producer, redis_client: redis.asyncio.Redis
+) -> None:
+    """docs/usage.md's loop, run as written: 2,500 tasks go in three calls,
+    ids in the list's order, each group's tasks in order."""
+    usage = (Path(__file__).parent.parent / "docs" / "usage.md").read_text()
+    (snippet,) = re.findall(
+        r"^```python\n(ids: list\[str\] = \[\]\nfor start in .*?)^```$",
+        usage,
+        re.MULTILINE | re.DOTALL,
+    )
+    # The docs' statements, inside a coroutine as a user's code would be.
+    source = (
+        f"async def split(tasks):\n{textwrap.indent(snippet, '    ')}    return ids"
+    )
+    namespace: dict[str, Any] = {"producer": producer}
+    exec(source, namespace)  # noqa: S102
+    tasks = [Task("t", n, group=f"g{n % 3}") for n in range(2_500)]
+    await producer.enqueue("warm-up", None)  # scripts loaded, connection open
+
+    before = await _command_calls(redis_client)
+    ids = await namespace["split"](tasks)
+    after = await _command_calls(redis_client)
+
+    assert _delta(before, after)["evalsha"] == 3
+    assert len(set(ids)) == 2_500
+    assert set(await producer.status_many(ids)) == {TaskState.QUEUED}
+    async with aiogroupq.Admin(redis_client, queue=QUEUE) as admin:
+        for g in range(3):
+            # The k-th task of a group in the list has k tasks before it,
+            # on both sides of each call's boundary (list index 1,000, 2,000).
+            group_ids = ids[g::3]
+            sample = [0, 332, 333, 334, 666, 667, len(group_ids) - 1]
+            assert [await admin.position(group_ids[k]) for k in sample] == sample

@@ -47,6 +47,7 @@ PUBLIC_NAMES = frozenset(
         "InvalidResultError",
         "InvalidTaskError",
         "NoResultError",
+        "NotOpenError",
         "NotReplicatedError",
         "OutcomeUnknownError",
         "PayloadTooLargeError",
@@ -238,6 +239,8 @@ def test_error_hierarchy() -> None:
     # An unknown outcome is still an outage to `except RedisUnavailableError`.
     assert issubclass(aiogroupq.OutcomeUnknownError, aiogroupq.RedisUnavailableError)
     assert issubclass(aiogroupq.BatchTooLargeError, aiogroupq.InvalidTaskError)
+    # Code that caught the plain RuntimeError of a closed handle still does.
+    assert issubclass(aiogroupq.NotOpenError, RuntimeError)
     # Retry is control flow, not an error: `except AiogroupqError` must not eat it.
     assert not issubclass(aiogroupq.Retry, base)
 

@@ -17,12 +17,23 @@ Fixtures:
 - ``aiogroupq_redis_url`` (session): ``$REDIS_URL`` if set (every worker then
   shares that database: use a scratch one), else ``aiogroupq_server``'s URL.
 - ``aiogroupq_redis``: a ``redis.asyncio.Redis`` on a freshly flushed
-  database, closed after the test. It is an async fixture: the test must run
-  under anyio's pytest plugin (``@pytest.mark.anyio`` or
-  ``anyio_mode = "auto"``) on the asyncio backend.
+  database, made and closed on the event loop the test runs on. For async
+  tests run by pytest-asyncio (0.24 or later; strict or auto mode, any
+  ``loop_scope``) or by anyio's pytest plugin on the asyncio backend; it may
+  be requested by the test or by a function-scoped async fixture of it that
+  runs on the same loop.
 - ``aiogroupq_server_factory``: ``make(**kwargs)`` starts another
   :class:`~aiogroupq.testing.ServerProcess` (for instance with AOF on, to
   kill and restart it); all are stopped after the test.
+
+``aiogroupq_redis`` is a plain fixture that neither async plugin owns: it
+asks the one that runs the test for a client made on that test's loop. A
+client's connections belong to the loop that opened them, and the plugins
+run tests on different loops (pytest-asyncio: one per ``loop_scope``), so no
+single async fixture could serve both. A test that neither plugin runs gets
+a failure that says so. A client shared by several tests (a module-scoped
+``Producer``, say) is yours to make from ``aiogroupq_redis_url``, in a
+fixture on the loop of the tests that use it.
 """
 
 from __future__ import annotations
@@ -34,7 +45,11 @@ from typing import Any
 import pytest
 import redis.asyncio
 
+from ._client import flushed_client
 from ._server import ServerProcess
+
+#: the name under which the fixtures that pytest-asyncio runs are registered
+_ASYNCIO_FIXTURES = "aiogroupq-pytest-asyncio"
 
 
 @pytest.fixture(scope="session")
@@ -56,16 +71,60 @@ def aiogroupq_redis_url(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-async def aiogroupq_redis(
+def aiogroupq_redis(request: pytest.FixtureRequest) -> redis.asyncio.Redis:
+    """A client on a freshly flushed database, on the test's event loop."""
+    client: redis.asyncio.Redis
+    marker = request.node.get_closest_marker("asyncio")
+    # pytest-asyncio first: it runs every test it has marked, even one that
+    # anyio's auto mode also claimed.
+    if marker is not None and request.config.pluginmanager.has_plugin("asyncio"):
+        from ._pytest_asyncio import fixture_name
+
+        client = request.getfixturevalue(fixture_name(_loop_scope(request, marker)))
+        return client
+    if "anyio_backend" in request.fixturenames:
+        client = request.getfixturevalue("_aiogroupq_redis_on_anyio")
+        return client
+    pytest.fail(
+        "aiogroupq_redis is an asyncio client: request it from an async test "
+        "that pytest-asyncio runs (@pytest.mark.asyncio, or asyncio_mode = auto) "
+        "or that anyio's plugin runs (@pytest.mark.anyio, or anyio_mode = auto), "
+        "on the asyncio backend",
+        pytrace=False,
+    )
+
+
+def _loop_scope(request: pytest.FixtureRequest, marker: pytest.Mark) -> str:
+    """The scope of the loop that pytest-asyncio runs the test on: its
+    marker's, else the configured default (an option since 0.26; the
+    function's loop before)."""
+    scope = marker.kwargs.get("loop_scope") or marker.kwargs.get("scope")
+    if scope:
+        return str(scope)
+    try:
+        default = request.config.getini("asyncio_default_test_loop_scope")
+    except ValueError:
+        return "function"
+    return str(default or "function")
+
+
+@pytest.fixture
+async def _aiogroupq_redis_on_anyio(
     aiogroupq_redis_url: str,
 ) -> AsyncIterator[redis.asyncio.Redis]:
-    """A client on a freshly flushed database."""
-    client = redis.asyncio.Redis.from_url(aiogroupq_redis_url)
-    try:
-        await client.flushdb()
+    """``aiogroupq_redis`` of a test that anyio's plugin runs (it runs this
+    fixture on the test's loop)."""
+    async with flushed_client(aiogroupq_redis_url) as client:
         yield client
-    finally:
-        await client.aclose()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Adds the fixtures that pytest-asyncio runs, when it is active."""
+    manager = config.pluginmanager
+    if manager.has_plugin("asyncio") and not manager.has_plugin(_ASYNCIO_FIXTURES):
+        from . import _pytest_asyncio
+
+        manager.register(_pytest_asyncio, _ASYNCIO_FIXTURES)
 
 
 @pytest.fixture

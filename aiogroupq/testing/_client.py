@@ -1,0 +1,20 @@
+"""The client that the pytest plugin's ``aiogroupq_redis`` hands to a test."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import redis.asyncio
+
+
+@asynccontextmanager
+async def flushed_client(url: str) -> AsyncIterator[redis.asyncio.Redis]:
+    """A client of *url* on a freshly flushed database, closed on leaving;
+    made and closed on the running loop, which its connections belong to."""
+    client = redis.asyncio.Redis.from_url(url)
+    try:
+        await client.flushdb()
+        yield client
+    finally:
+        await client.aclose()
