@@ -43,6 +43,7 @@ from ._scripts_helpers import (
     new,
     ok,
     set_group,
+    stats,
 )
 from .test_script_commands import _commands
 
@@ -309,6 +310,17 @@ async def _until(condition: Callable[[], bool]) -> None:
             await anyio.sleep(0.01)
 
 
+async def _until_ended(url: str, ids: list[str]) -> list[str]:
+    """Wait until each of *ids* ended, whatever its end; their states."""
+    ends = {"succeeded", "dead", "cancelled", "expired"}
+    with anyio.fail_after(LIVENESS):
+        while True:
+            states = [state for state, _ in await _states(url, ids)]
+            if ends.issuperset(states):
+                return states
+            await anyio.sleep(0.02)
+
+
 async def _states(url: str, ids: list[str]) -> list[tuple[str, int]]:
     """Each task's state and attempts started."""
     async with aiogroupq.Admin(url, queue=QUEUE) as admin:
@@ -324,12 +336,32 @@ async def test_batch_failed_splits_the_batch(
 ) -> None:
     ids = await _enqueue(redis_url, 5)
     calls: Calls = []
+    read = anyio.Event()
 
-    def fail(items: list[int], attempts: list[int]) -> None:
+    async def h(items: list[int]) -> None:
+        calls.append((list(items), [i.attempt for i in aiogroupq.current_batch()]))
         if len(calls) == 1:
             raise aiogroupq.BatchFailed(done=2, error=ValueError("third failed"))
+        if len(calls) == 2:
+            await read.wait()
 
-    async with _consumer(redis_url, _calling(calls, fail), batch_size=5):
+    async with _consumer(redis_url, h, batch_size=5):
+        try:
+            # The second call runs once the first one's outcomes are
+            # written: held there, the states are what BatchFailed left.
+            await _until(lambda: len(calls) >= 2)
+            settled = await _states(redis_url, ids)
+        finally:
+            read.set()
+        succeeded = [n for n, (state, _) in enumerate(settled) if state == "succeeded"]
+        assert succeeded == [0, 1], (
+            f"BatchFailed(done=2) settled tasks {succeeded} as succeeded, not "
+            f"the first 2: {settled}"
+        )
+        assert calls[1] == ([2, 3, 4], [2, 1, 1]), (
+            "after BatchFailed(done=2) the failed third task and the two after "
+            f"it go back to the line, the third's attempt counted: {calls}"
+        )
         await _until(lambda: sum(len(c[0]) for c in calls) >= 8)
         await anyio.sleep(0.2)
     # The first two succeeded; the third ran again (its attempt counted),
@@ -382,11 +414,18 @@ async def test_dead_letters_and_on_dead_are_per_task(
     async with _consumer(
         redis_url, _calling(calls, fail), batch_size=3, on_dead=on_dead
     ):
-        await _until(lambda: len(dead) >= 2 and len(calls) >= 3)
+        # Until every task ended and each dead one's on_dead ran, whatever
+        # the outcomes: a wrong split ends the queue otherwise, and the
+        # assertions below name it.
+        ended = await _until_ended(redis_url, ids)
+        await _until(lambda: len(dead) >= ended.count("dead"))
         await anyio.sleep(0.2)
     # [0 1 2]: 0 ok, 1 dead, 2 back in line; [2 3 4]: 2 dead (the head, on
     # its last attempt), 3 and 4 back in line; [3 4 5] succeed.
-    assert [c[0] for c in calls] == [[0, 1, 2], [2, 3, 4], [3, 4, 5]]
+    assert [c[0] for c in calls] == [[0, 1, 2], [2, 3, 4], [3, 4, 5]], (
+        f"BatchFailed(done=1) settles the first task only, the second dead, "
+        f"the rest back in line: calls {calls}, states {ended}"
+    )
     assert sorted(dead) == sorted([ids[1], ids[2]])
     assert [s for s, _ in await _states(redis_url, ids)] == [
         "succeeded",
@@ -630,6 +669,9 @@ async def test_claim_reply_lists_members_after_their_head(
         ("t2", True),
     ]
     assert len({t.token for t in reply.tasks}) == 3
+    # Each task of the batch started (its attempt runs), not the claim once.
+    started = (await stats(redis_client)).get("started")
+    assert started == 3, f"the stats count {started} started for a batch of 3"
     # A group holds a slot per task of the batch: its fourth task waits.
     assert await redis_client.hget(KEYS.group("g"), "k") == b"3"
     # A member's outcome "line": back to the front of the line, uncounted,

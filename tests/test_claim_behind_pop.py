@@ -17,8 +17,10 @@ import anyio
 import pytest
 import redis
 import redis.asyncio
+from redis.exceptions import NoScriptError
 
 import aiogroupq
+from aiogroupq._store import scripts as _scripts
 from aiogroupq._store.keys import QueueKeys
 
 QUEUE = "behind-pop"
@@ -68,10 +70,14 @@ async def test_the_server_claims_for_an_idle_consumer_whose_loop_is_busy(
 
 
 async def test_a_script_cache_flushed_while_idle_costs_no_task(
-    redis_client: redis.asyncio.Redis,
+    redis_client: redis.asyncio.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
     # The claim written behind the pop answers NOSCRIPT once the pop ends:
-    # it did not run, and goes again as a plain script call.
+    # it did not run, and goes again as a plain script call. Not re-sent,
+    # the claim fails (a warning, the recovery of what the consumer holds,
+    # a backoff) and the task waits for the claim after: none is lost
+    # either way, so the warnings are what tell the two apart.
+    caplog.set_level(logging.WARNING, logger="aiogroupq")
     done: list[int] = []
 
     async def handler(n: int) -> None:
@@ -91,6 +97,34 @@ async def test_a_script_cache_flushed_while_idle_costs_no_task(
                 while len(done) <= n:
                     await anyio.sleep(0.01)
     assert done == [0, 1, 2, 3, 4]
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warned == [], f"a claim behind the pop failed on NOSCRIPT: {warned}"
+
+
+async def test_a_claim_behind_a_pop_that_meets_noscript_is_sent_again(
+    redis_client: redis.asyncio.Redis,
+) -> None:
+    # The script cache is empty when the pop ends: the claim behind it did
+    # not run, and this one call still claims (sent again on its own).
+    async with aiogroupq.Producer(redis_client, queue=QUEUE) as producer:
+        ids = [await producer.enqueue("h", n) for n in range(3)]
+    await redis_client.script_flush()
+    tokens = await redis_client.rpush(KEYS.wake, "1")  # the pop ends at once
+    try:
+        reply = await _scripts.claim(
+            redis_client, KEYS, "c1", k=4, lease_ms=60_000, scan_limit=100, pop=5
+        )
+    except NoScriptError as exc:
+        pytest.fail(
+            f"the claim behind the pop was not sent again after NOSCRIPT: {exc}"
+        )
+    claimed = [t.id for t in reply.tasks]
+    assert claimed == ids, (
+        f"the claim behind the pop, sent again after NOSCRIPT, claimed {claimed} "
+        f"of {ids}"
+    )
+    assert reply.pop_error is None
+    assert await redis_client.llen(KEYS.wake) == tokens - 1  # the pop took one
 
 
 def wait_until_running(url: str, task_id: str) -> None:

@@ -562,3 +562,130 @@ async def test_leftovers_of_an_old_busy_spell_go_and_the_windows_samples_stay(
         [(second, count)] = [(k, v) for k, v in left.items() if k not in window]
         assert int(second) >= now_s
         assert count == "1"
+
+
+# -- the counter counts tasks, not claims -------------------------------------------
+
+
+async def _counted(client: redis.asyncio.Redis, keys: QueueKeys) -> int:
+    """The starts the counter holds, over all its seconds."""
+    raw: Any = await client.hgetall(keys.starts)
+    return sum(int(v) for v in raw.values())
+
+
+async def test_the_counter_counts_each_task_a_claim_starts(
+    redis_client: redis.asyncio.Redis,
+) -> None:
+    """Claims of many tasks at once (a consumer with free slots and fast
+    handlers claims up to its free slots in one call): the counter adds the
+    tasks each claim started, not one per claim. A claim of one task at a
+    time, which slow handlers on few slots make, cannot tell the two apart."""
+    queue = "est-per-task"
+    keys = QueueKeys(queue)
+    async with (
+        aiogroupq.Producer(redis_client, queue=queue) as producer,
+        aiogroupq.Admin(redis_client, queue=queue) as admin,
+    ):
+        ids = await producer.enqueue_many(
+            [aiogroupq.Task("work", i) for i in range(60)]
+        )
+        assert await admin.estimate(ids[-1]) is None  # switches the counter on
+        started = 0
+        for k in (1, 7, 16, 36):
+            reply = await _scripts.claim(
+                redis_client, keys, "c1", k=k, lease_ms=60_000, scan_limit=100
+            )
+            assert len(reply.tasks) == k, reply  # the precondition: k claimed
+            started += k
+            counted = await _counted(redis_client, keys)
+            assert counted == started, (
+                f"starts counted {counted} for {started} tasks started "
+                f"(claims of {k} at once)"
+            )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="claim_members (lib/batch.lua) bumps started but not the counter",
+)
+async def test_a_batch_claim_counts_its_members_as_starts(
+    redis_client: redis.asyncio.Redis,
+) -> None:
+    """A batch handler's claim starts its head and the members that join it
+    (their attempts run): the counter counts each of them, as ``started``
+    does, or a batched queue's estimates come out batch-size times late."""
+    queue = "est-batch"
+    keys = QueueKeys(queue)
+    async with (
+        aiogroupq.Producer(redis_client, queue=queue) as producer,
+        aiogroupq.Admin(redis_client, queue=queue) as admin,
+    ):
+        ids = await producer.enqueue_many(
+            [aiogroupq.Task("work", i, group="g") for i in range(8)]
+        )
+        assert await admin.estimate(ids[-1]) is None  # switches the counter on
+        reply = await _scripts.claim(
+            redis_client,
+            keys,
+            "c1",
+            k=1,
+            lease_ms=60_000,
+            scan_limit=100,
+            batches=[("work", 5)],
+        )
+        assert [t.member for t in reply.tasks] == [False] + [True] * 4, reply
+        stats: Any = await redis_client.hgetall(keys.stats)
+        assert int(stats[b"started"]) == 5
+        counted = await _counted(redis_client, keys)
+        assert counted == 5, f"starts counted {counted} for 5 tasks started (a batch)"
+
+
+async def test_a_busy_drain_counts_every_start(
+    redis_client: redis.asyncio.Redis, redis_url: str
+) -> None:
+    """End to end: no-op handlers on 32 slots claim many tasks per call; the
+    counter's total is the number of tasks run."""
+    queue = "est-busy"
+    keys = QueueKeys(queue)
+    n = 1500
+    ran = 0
+    claims = 0
+
+    async def work(payload: object) -> None:
+        nonlocal ran
+        ran += 1
+
+    claim = _scripts.claim
+
+    async def counting_claim(*args: Any, **kwargs: Any) -> _scripts.ClaimReply:
+        nonlocal claims
+        reply = await claim(*args, **kwargs)
+        claims += bool(reply.tasks)
+        return reply
+
+    async with (
+        aiogroupq.Producer(redis_client, queue=queue) as producer,
+        aiogroupq.Admin(redis_client, queue=queue) as admin,
+    ):
+        ids: list[str] = []
+        for start in range(0, n, 500):
+            ids += await producer.enqueue_many(
+                [aiogroupq.Task("work", i) for i in range(start, start + 500)]
+            )
+        assert await admin.estimate(ids[-1]) is None  # switches the counter on
+        (first_s, _) = await redis_client.time()
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(_scripts, "claim", counting_claim)
+            async with aiogroupq.Consumer(
+                redis_client, queue=queue, handlers={"work": work}, concurrency=32
+            ):
+                with anyio.fail_after(PATIENCE):
+                    while ran < n:
+                        await anyio.sleep(0.02)
+        (last_s, _) = await redis_client.time()
+    # Preconditions: claims took many tasks at once, and the whole drain
+    # lies in the counter's 30 s window (a liveness bound: seconds here).
+    assert claims < n / 2, f"{claims} claims for {n} tasks: mostly one at a time"
+    assert last_s - first_s < 30, f"the drain took {last_s - first_s} s"
+    counted = await _counted(redis_client, keys)
+    assert counted == n, f"starts counted {counted} for {n} tasks started"
