@@ -604,10 +604,6 @@ async def test_the_counter_counts_each_task_a_claim_starts(
             )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="claim_members (lib/batch.lua) bumps started but not the counter",
-)
 async def test_a_batch_claim_counts_its_members_as_starts(
     redis_client: redis.asyncio.Redis,
 ) -> None:

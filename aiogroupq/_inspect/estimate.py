@@ -40,9 +40,11 @@ from __future__ import annotations
 
 __all__ = (
     "BOUND",
+    "STARTS_MOST",
     "WINDOW",
     "Explained",
     "StartEstimate",
+    "clear_stale_starts",
     "explain",
     "shown",
 )
@@ -70,6 +72,14 @@ logger = logging.getLogger(__name__)
 
 #: seconds of starts the claims' counter keeps (``claim.lua``)
 WINDOW: Final = 30
+#: most fields of the counter a claim sweeps (``claim.lua``: claims leave
+#: about two windows' worth at most); a counter with more holds fields no
+#: claim wrote, which the check reports (``stale-starts``) and its repair
+#: clears (:func:`clear_stale_starts`): a claim never reads them all
+STARTS_MOST: Final = 4 * WINDOW
+#: fields of the counter read (HSCAN ``COUNT``) and deleted per command by
+#: :func:`clear_stale_starts`, so that no command holds the server long
+_CLEAR_SLICE: Final = 1000
 #: entries of a list looked through for a task (the ready line, a group's
 #: line): one native ``LPOS``, no loop in Lua; a task further back gets no
 #: estimate
@@ -357,6 +367,38 @@ def _estimate(
         + (f", rate {g.rn} per {g.rp_ms / 1000:g}s" if g.rn else "")
         + f"), {pace} deciding, at {per_s}",
     )
+
+
+async def clear_stale_starts(client: Client, starts_key: str) -> str:
+    """Delete the fields of a start counter (``starts``) that are not
+    seconds of its window on the server's clock: a slice of
+    :data:`_CLEAR_SLICE` fields per ``HSCAN`` and per ``HDEL``, never the
+    whole hash in one command (a claim's own sweep stops at
+    :data:`STARTS_MOST` fields). The window's seconds stay: claims are
+    counting in them. Returns what was done, "" for nothing.
+
+    :raises ResponseError: if the key is not a hash (the check reports it)
+    """
+    seconds, _ = await client.time()
+    newest = int(seconds) + 1  # a claim may have moved on to the next second
+    oldest = newest - WINDOW - 1
+    deleted, cursor = 0, 0
+    while True:
+        cursor, fields = await client.hscan(starts_key, cursor, count=_CLEAR_SLICE)
+        stale = [
+            name
+            for name in fields
+            if not (name.isdigit() and oldest < int(name) <= newest)
+        ]
+        for start in range(0, len(stale), _CLEAR_SLICE):
+            deleted += await client.hdel(
+                starts_key, *stale[start : start + _CLEAR_SLICE]
+            )
+        if cursor == 0:
+            break
+    if not deleted:
+        return ""
+    return f"deleted {deleted} fields of {starts_key} outside its {WINDOW} s window"
 
 
 async def _switch_on(client: Client, conf_key: str) -> bool:

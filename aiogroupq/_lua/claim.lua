@@ -60,6 +60,7 @@
 --- @include "ends"
 --- @include "recovery"
 --- @include "batch"
+--- @include "starts"
 --- @include "tokens"
 
 local consumer, k = ARGV[2], tonumber(ARGV[3])
@@ -362,32 +363,7 @@ if claimed > 0 then
   call_many(redis.call, 'SADD', inflight, ids)
 end
 bump('started', claimed)
--- Admin.estimate's rolling start counter, kept only once an estimate was
--- asked for (conf est): a field per second of server time holding its
--- starts; a new second drops those past the 30 s window (_inspect/
--- estimate.py reads it). Statistics only: a damaged key or field is left to
--- the check and never fails the claim, whose writes are done.
-if claimed > 0 and conf().est then
-  local window, sec = 30, math.floor(now / 1000)
-  local n = redis.pcall('HINCRBY', K_STARTS, string.format('%d', sec), claimed)
-  if n == claimed then
-    local old = {}
-    for s = sec - 2 * window + 1, sec - window do old[#old + 1] = string.format('%d', s) end
-    redis.pcall('HDEL', K_STARTS, unpack(old))
-    -- More left: seconds of a busy spell before a long idle one (or of a
-    -- clock set back, or damage). Only those outside the window go: the
-    -- window's own seconds are the samples estimates read.
-    local left = redis.pcall('HLEN', K_STARTS)
-    if type(left) == 'number' and left > window then
-      local gone = {}
-      for _, f in ipairs(redis.call('HKEYS', K_STARTS)) do
-        local s = tonumber(f)
-        if not s or s <= sec - window or s > sec then gone[#gone + 1] = f end
-      end
-      call_many(redis.pcall, 'HDEL', K_STARTS, gone)
-    end
-  end
-end
+count_starts(claimed, now)
 redis.call('SET', last_key, nonce .. ':' .. table.concat(ids, ','), 'PX', lease_ms)
 if readied > 0 then wake(readied) end
 return reply()

@@ -26,6 +26,7 @@
 --- @include "ready"
 --- @include "groups"
 --- @include "ends"
+--- @include "starts"
 
 -- Members lined by recoveries so far in this call: a claim charges them to
 -- its recovery budget (claim.lua).
@@ -71,6 +72,7 @@ local function claim_members(G, head, found, first_token, consumer, now, fresh)
   G.w, G.dirty = G.w - n, true
   bump('parked', -n)
   bump('started', n)
+  count_starts(n, now)
   local names = {}
   for i, t in ipairs(found) do
     local id, token = t[1], first_token + i - 1
