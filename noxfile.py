@@ -18,10 +18,16 @@ from pathlib import Path
 from typing import Any
 
 import nox
+import nox.logger
 from packaging.requirements import Requirement
 
 nox.options.sessions = ["lint", "typecheck", "tests"]
 nox.options.reuse_existing_virtualenvs = True
+# nox looks for uv whatever the backend, and where there is none it starts
+# every session with "nox > uv binary not found.", which reads like an
+# error: the sessions use virtualenv (nox's own), so that line is dropped.
+_NO_UV = "uv binary not found."
+nox.logger.logger.addFilter(lambda record: record.getMessage() != _NO_UV)
 
 PYPROJECT = nox.project.load_toml("pyproject.toml")
 

@@ -252,7 +252,9 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
         ordering: Ordering | None = None,
     ) -> None:
         """Replace a group's settings (each ``None`` leaves that one to the
-        queue's default). A raised concurrency starts waiting tasks at once; a
+        queue's default): ``set_group(g, weight=2)`` drops an earlier
+        ``concurrency=4``; :meth:`update_group` changes one setting and
+        keeps the others. A raised concurrency starts waiting tasks at once; a
         lowered one lets running tasks finish. Pausing is separate
         (:meth:`pause_group`) and unchanged by this call.
 
@@ -277,33 +279,77 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
         :raises ConfigurationError: for a bad setting
         """
         name = _group_name(group)
-        if concurrency is not None:
-            _check_int("concurrency", concurrency, 1, MAX_CONCURRENCY)
-        if max_size is not None:
-            _check_int("max_size", max_size, 1, 2**53)
-        if priority is not None:
-            _check_int("priority", priority, 0, _validate.MAX_PRIORITY)
-        if weight is not None:
-            _check_int("weight", weight, 1, MAX_WEIGHT)
-        if ordering not in (None, "strict", "exclusive"):
-            raise ConfigurationError(
-                f"ordering must be 'strict' or 'exclusive', got {ordering!r}"
-            )
-        rn, rp = _rate_args(rate, allow_false=True)
+        fields = _group_fields(
+            concurrency=concurrency,
+            rate=rate,
+            max_size=max_size,
+            priority=priority,
+            weight=weight,
+            ordering=ordering,
+        )
         for keys in (await self._current()).of_group(name):
             await _scripts.control(
-                self._open_client(),
-                keys,
-                "group",
-                name,
-                "" if concurrency is None else concurrency,
-                rn,
-                rp,
-                "" if max_size is None else max_size,
-                "" if priority is None else priority,
-                "" if weight is None else weight,
-                "exclusive" if ordering == "exclusive" else "",
+                self._open_client(), keys, "group", name, *fields.values()
             )
+
+    @unavailable_as_error
+    async def update_group(
+        self,
+        group: str,
+        *,
+        concurrency: int | Literal["keep"] | None = "keep",
+        rate: Rate | Literal[False, "keep"] | None = "keep",
+        max_size: int | Literal["keep"] | None = "keep",
+        priority: int | Literal["keep"] | None = "keep",
+        weight: int | Literal["keep"] | None = "keep",
+        ordering: Ordering | Literal["keep"] | None = "keep",
+    ) -> None:
+        """Change only the settings given and keep the group's others, where
+        :meth:`set_group` replaces them all: after ``set_group(g,
+        concurrency=4)``, ``update_group(g, weight=2)`` keeps the
+        concurrency of 4. A setting left out (``"keep"``) stays as it is;
+        one given as ``None`` goes back to the queue's default. The change
+        is one script call per partition, so a concurrent change of another
+        setting is kept too (no read and write back from here). The
+        parameters are :meth:`set_group`'s.
+
+        :raises InvalidGroupError: for a bad group name
+        :raises ConfigurationError: for a bad setting, or none given
+        """
+        name = _group_name(group)
+        given = [
+            param
+            for param, value in (
+                ("concurrency", concurrency),
+                ("rate", rate),
+                ("max_size", max_size),
+                ("priority", priority),
+                ("weight", weight),
+                ("ordering", ordering),
+            )
+            if not (isinstance(value, str) and value == _KEEP)
+        ]
+        if not given:
+            raise ConfigurationError(
+                "update_group got no setting to change: name at least one "
+                "(None puts it back to the queue's default)"
+            )
+        fields = _group_fields(
+            concurrency=None if concurrency == _KEEP else concurrency,
+            rate=None if rate == _KEEP else rate,
+            max_size=None if max_size == _KEEP else max_size,
+            priority=None if priority == _KEEP else priority,
+            weight=None if weight == _KEEP else weight,
+            ordering=None if ordering == _KEEP else ordering,
+        )
+        args = [
+            item
+            for param in given
+            for field in _STORED_AS[param]
+            for item in (field, fields[field])
+        ]
+        for keys in (await self._current()).of_group(name):
+            await _scripts.control(self._open_client(), keys, "update", name, *args)
 
     async def _hash_fields(self, key: str, what: str) -> dict[str, str]:
         """The fields of the settings hash *key*; one of another type is a
@@ -508,7 +554,8 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
     async def group_info(self, group: str) -> GroupInfo:
         """A group as seen now, with its state and the reason for it: why it
         is, or is not, running (one script call, after one ``HGET`` of the
-        layout).
+        layout; while a task runs, one pipeline more reads its consumer's
+        registry entry, to tell whether it is alive, silent or gone).
 
         :raises InvalidGroupError: for a bad group name
         """
@@ -632,12 +679,54 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
     @_refusals_named
     async def consumers(self, *, limit: int = 1000) -> list[ConsumerInfo]:
         """The registered consumers, live ones first (latest heartbeat first),
-        then those gone silent in the last few leases.
+        then those gone silent in the last few leases; each with what is
+        known of it now (:attr:`ConsumerInfo.status`: alive, silent, or gone,
+        its process not running on this host) and the tasks it holds on the
+        server. One script call, and one pipeline per further partition.
 
         :param limit: the most to list
         """
         _check_int("limit", limit, 1, 100_000)
-        return await _consumers.consumer_list(self._open_client(), self._keys, limit)
+        return await _consumers.consumer_list(
+            self._open_client(), await self._current(), limit
+        )
+
+    @unavailable_as_error
+    async def release_consumer(self, name: str) -> int:
+        """Hand back the tasks of a dead consumer now, rather than when its
+        lease ends: each goes back to the front of its group, its attempt
+        counted (past its last attempt it is dead-lettered), as the
+        recovery at the lease's end would do it, and fenced as that is: the
+        consumer's late heartbeat or result is refused, should it come back.
+
+        Refused while the consumer may still run them: while the registry
+        counts it alive (it heartbeat within its lease), unless it is
+        registered on this host and its process is gone. So a consumer
+        killed on this host is released at once; one on another host, once
+        its lease is over (the first claim after that recovers its tasks
+        anyway; this hands them back without waiting for one).
+
+        (Named as :meth:`release_group` and the consumer's own clean exit
+        are: what it holds is let go of; nothing of the consumer is deleted.
+        Its registry entry stays, listed as gone, until it expires.)
+
+        :param name: the consumer's name (:attr:`ConsumerInfo.name`)
+        :return: how many tasks were handed back (0 for a consumer that holds
+            none, or an unknown name)
+        :raises ConsumerRunningError: while the consumer may be alive; its
+            message says what is known of it and when its lease ends
+        :raises ConfigurationError: for a name that is not a non-empty string
+        """
+        if not isinstance(name, str) or not name:
+            raise ConfigurationError(
+                f"name must be a consumer's name (a non-empty str), got {name!r}"
+            )
+        return await _consumers.release_consumer(
+            self._open_client(),
+            await self._current(),
+            name,
+            retention_ms=round(DEFAULT_RETENTION * 1000),
+        )
 
     # -- dead letters ---------------------------------------------------------
 
@@ -844,6 +933,57 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
         if total > len(shown):
             shown.append(f"... and {total - len(shown)} more")
         return shown
+
+
+#: an :meth:`Admin.update_group` setting left as it is
+_KEEP: Final = "keep"
+#: the fields of ``gconf:<g>`` each group setting is stored in (control.lua)
+_STORED_AS: Final[dict[str, tuple[str, ...]]] = {
+    "concurrency": ("c",),
+    "rate": ("rn", "rp"),
+    "max_size": ("mx",),
+    "priority": ("pr",),
+    "weight": ("wt",),
+    "ordering": ("o",),
+}
+
+
+def _group_fields(
+    *,
+    concurrency: int | None = None,
+    rate: Rate | Literal[False] | None = None,
+    max_size: int | None = None,
+    priority: int | None = None,
+    weight: int | None = None,
+    ordering: Ordering | None = None,
+) -> dict[str, int | str]:
+    """The checked settings as control.lua stores them, field by field in
+    the order its "group" operation takes them ("": the queue's default).
+
+    :raises ConfigurationError: for a bad setting
+    """
+    if concurrency is not None:
+        _check_int("concurrency", concurrency, 1, MAX_CONCURRENCY)
+    if max_size is not None:
+        _check_int("max_size", max_size, 1, 2**53)
+    if priority is not None:
+        _check_int("priority", priority, 0, _validate.MAX_PRIORITY)
+    if weight is not None:
+        _check_int("weight", weight, 1, MAX_WEIGHT)
+    if ordering not in (None, "strict", "exclusive"):
+        raise ConfigurationError(
+            f"ordering must be 'strict' or 'exclusive', got {ordering!r}"
+        )
+    rn, rp = _rate_args(rate, allow_false=True)
+    return {
+        "c": "" if concurrency is None else concurrency,
+        "rn": rn,
+        "rp": rp,
+        "mx": "" if max_size is None else max_size,
+        "pr": "" if priority is None else priority,
+        "wt": "" if weight is None else weight,
+        "o": "exclusive" if ordering == "exclusive" else "",
+    }
 
 
 def _group_name(group: object) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 __all__ = ("MetricsServer", "PrometheusObserver", "serve")
 
+import contextlib
 import copy
 import logging
 import threading
@@ -176,6 +177,21 @@ class _Metrics:
             name: Gauge(name, text, ("queue",), registry=registry)
             for name, (text, _) in _STATS_GAUGES.items()
         }
+        self.queue_up = Gauge(
+            "aiogroupq_queue_up",
+            "1 when the last reading of the queue from Redis succeeded, 0 when "
+            "it failed (Redis down, refusing or too slow): the other "
+            "aiogroupq_queue_* gauges are then dropped, not kept at their last "
+            "values.",
+            ("queue",),
+            registry=registry,
+        )
+        self.queue_read_at = Gauge(
+            "aiogroupq_queue_last_read_timestamp_seconds",
+            "Unix time of the last successful reading of the queue from Redis.",
+            ("queue",),
+            registry=registry,
+        )
 
 
 _BY_REGISTRY: Final[WeakKeyDictionary[CollectorRegistry, _Metrics]] = (
@@ -240,8 +256,15 @@ class PrometheusObserver(Observer):
         interval: float = 5.0,
     ) -> None:
         """Keep the queue's gauges up to date until cancelled: every
-        *interval* seconds, ``await read()``. A failed reading is logged and
-        leaves the gauges as they were.
+        *interval* seconds, ``await read()``.
+
+        ``aiogroupq_queue_up{queue}`` is 1 after a successful reading, 0
+        after a failed one, and
+        ``aiogroupq_queue_last_read_timestamp_seconds{queue}`` is the Unix
+        time of the last successful one. A failed reading is logged and
+        drops every other gauge of the queue until a reading succeeds
+        again: a value read before Redis went down (``consumers_alive 1``)
+        is not shown as if it were current.
 
         A reading that is a :class:`~aiogroupq.QueueStats` (pass
         ``admin.stats``) sets ``aiogroupq_queue_tasks{queue, state}`` for
@@ -264,22 +287,37 @@ class PrometheusObserver(Observer):
         :param interval: seconds between readings
         """
         seen: set[str] = set()
+        metrics = self._metrics
         while True:
             try:
                 reading = await read()
             except Exception as exc:  # noqa: BLE001 - any reader, any failure
                 logger.warning("could not read the counts of queue %r: %s", queue, exc)
+                metrics.queue_up.labels(queue).set(0)
+                self._drop(queue, seen)
             else:
                 if isinstance(reading, Mapping):
                     counts = dict(reading)
                 else:
                     counts = _task_counts(reading)
                     for name, (_, figure) in _STATS_GAUGES.items():
-                        self._metrics.queue_gauges[name].labels(queue).set(
-                            figure(reading)
-                        )
+                        metrics.queue_gauges[name].labels(queue).set(figure(reading))
                 self._set_counts(queue, counts, seen)
+                metrics.queue_up.labels(queue).set(1)
+                metrics.queue_read_at.labels(queue).set_to_current_time()
             await anyio.sleep(interval)
+
+    def _drop(self, queue: str, seen: set[str]) -> None:
+        """Remove the queue's gauges of the last reading, until the next
+        reading sets them again (a state of *seen* missing from it at 0)."""
+        metrics = self._metrics
+        labelled: list[tuple[Gauge, tuple[str, ...]]] = [
+            (g, (queue,)) for g in metrics.queue_gauges.values()
+        ]
+        labelled += [(metrics.queue_tasks, (queue, state)) for state in seen]
+        for gauge, labels in labelled:
+            with contextlib.suppress(KeyError):  # never set: nothing to drop
+                gauge.remove(*labels)
 
     def _set_counts(
         self, queue: str, counts: Mapping[str, int], seen: set[str]

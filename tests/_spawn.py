@@ -74,6 +74,31 @@ class Proc:
 Spawn = Callable[..., Proc]
 
 
+def children_of(pid: int) -> list[int]:
+    """The live processes whose parent is *pid* (Linux ``/proc``)."""
+    pids = [
+        int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()
+    ]
+    return [child for child in pids if running(child) and _stat(child)[1] == pid]
+
+
+def running(pid: int) -> bool:
+    """Whether process *pid* exists and has not ended (a zombie, ended but
+    not yet reaped by its parent, has ended; Linux ``/proc``)."""
+    return _stat(pid)[0] not in ("", "Z", "X")
+
+
+def _stat(pid: int) -> tuple[str, int]:
+    """The state letter and parent pid of *pid* (``("", 0)`` if it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "", 0
+    # "pid (comm) S ppid ...": the fields after the last parenthesis.
+    fields = stat.rpartition(")")[2].split()
+    return fields[0], int(fields[1])
+
+
 async def poll(
     check: Callable[[], bool | Awaitable[bool]],
     proc: Proc | None = None,

@@ -25,6 +25,7 @@ import redis.exceptions
 
 import aiogroupq
 from aiogroupq import TaskState
+from aiogroupq._store.keys import QueueKeys
 
 QUEUE = "acl"
 OTHER = "acl-other"
@@ -444,3 +445,36 @@ async def test_a_view_refused_inside_its_script_names_what_to_grant(
     assert "NOPERM" in message
     wanted = " ".join(f"+{c}" for c in sorted(view_commands() - {"hgetall"}))
     assert wanted in message
+
+
+# -- the operator commands under the worker rule -------------------------------
+
+
+async def test_pause_group_refused_a_command_raises_permission_denied(
+    worker_url: str, viewer_url: str, redis_client: redis.asyncio.Redis
+) -> None:
+    # pause_group reads the group's claims with HGETALL, beyond the worker
+    # rule: the refusal inside control.lua came back as a plain ERR (a raw
+    # redis ResponseError, on Redis 7.0 and Valkey alike), after the pause
+    # was written (scripts never roll back).
+    keys = QueueKeys(QUEUE)
+    async with aiogroupq.Producer(redis_client, queue=QUEUE) as producer:
+        await producer.enqueue("t", group="g")
+    async with aiogroupq.Admin(worker_url, queue=QUEUE) as admin:
+        with pytest.raises(aiogroupq.PermissionDeniedError, match="NOPERM") as caught:
+            await admin.pause_group("g")
+        print(caught.value)  # noqa: T201
+        assert "hgetall" in str(caught.value).lower()
+        assert isinstance(caught.value.__cause__, redis.exceptions.NoPermissionError)
+        # Refused before any write: the group is not paused.
+        assert await redis_client.hget(keys.group_conf("g"), "p") is None
+        assert not await redis_client.sismember(keys.paused, "g")
+        # The settings are written by control.lua alone, nothing read back
+        # from here: both work under the worker rule.
+        await admin.set_group("g", concurrency=2)
+        await admin.update_group("g", weight=3)
+    async with aiogroupq.Admin(viewer_url, queue=QUEUE) as admin:
+        await admin.pause_group("g")  # +hgetall granted: it goes through
+        assert await admin.group_settings("g") == aiogroupq.GroupSettings(
+            concurrency=2, weight=3, paused=True
+        )

@@ -140,7 +140,7 @@ async def test_retry_delays_grow_are_capped_jittered_and_follow_the_override(
                 types[task_id] = task_type
         samples = await sample_retries(redis_client, types, failed_at)
         for task_id in types:
-            with anyio.fail_after(15):
+            with anyio.fail_after(30):
                 while await producer.status(task_id) is not aiogroupq.TaskState.DEAD:
                     await anyio.sleep(0.01)
 

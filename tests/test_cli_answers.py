@@ -28,7 +28,7 @@ from aiogroupq import GroupSettings, GroupState
 from aiogroupq._cli.permissions import OPERATOR_READS
 from aiogroupq.testing._server import free_port
 
-from ._spawn import PATIENCE, Spawn, poll
+from ._spawn import PATIENCE, Spawn, children_of, poll, running
 from .test_acl import OPERATOR_SCRIPTS, _rule, worker_commands
 from .test_cli_ops import QUEUE, cli, dead_letters
 
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parents[1]
 TYPO = "imprts"
+ON_LINUX = sys.platform.startswith("linux")
 
 
 def _missing(queue: str = TYPO) -> str:
@@ -328,7 +329,8 @@ async def test_server_runs_until_ctrl_c(spawn: Spawn) -> None:
     server = spawn("server", "--port", str(port))
     await server.wait_for_output(f"export REDIS_URL={url}")
     assert "throwaway" in server.output
-    client = redis.Redis.from_url(url)
+    children = children_of(server.popen.pid) if ON_LINUX else []
+    client = redis.Redis.from_url(url, socket_timeout=PATIENCE)
     try:
         assert client.ping()
         # The URL it printed is usable: a producer enqueues there.
@@ -339,18 +341,41 @@ async def test_server_runs_until_ctrl_c(spawn: Spawn) -> None:
     server.signal(signal.SIGINT)
     assert await server.wait() == 0, server.output
     assert "Traceback" not in server.output
+    assert not [pid for pid in children if running(pid)]  # it stopped its server
+    await poll(lambda: _refused(url))
 
-    def refused() -> bool:
-        probe = redis.Redis.from_url(url, socket_connect_timeout=1)
-        try:
-            probe.ping()
-        except redis.ConnectionError:
-            return True
-        finally:
-            probe.close()
+
+def _refused(url: str) -> bool:
+    """Whether nothing listens at *url* any more."""
+    probe = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1)
+    try:
+        probe.ping()
+    except redis.ConnectionError:
+        return True
+    except redis.TimeoutError:  # something else took the port: not ours
         return False
+    finally:
+        probe.close()
+    return False
 
-    await poll(refused)  # the server stopped with it
+
+@pytest.mark.skipif(not ON_LINUX, reason="a parent's death signal is Linux's")
+async def test_a_killed_server_command_takes_its_server_with_it(spawn: Spawn) -> None:
+    # The server runs in a process group of its own (a terminal's Ctrl-C
+    # reaches only the command, which stops it in order), so a kill -9 of
+    # the command, or a test's timeout killing it, left it running,
+    # adopted by init.
+    port = free_port()
+    server = spawn("server", "--port", str(port))
+    await server.wait_for_output("Ctrl-C stops it")
+    (child,) = children_of(server.popen.pid)
+    try:
+        server.kill()
+        await poll(lambda: not running(child))
+        await poll(lambda: _refused(f"redis://127.0.0.1:{port}/0"))
+    finally:
+        if running(child):  # the test failed: it leaves no server behind
+            os.kill(child, signal.SIGKILL)
 
 
 async def test_server_refuses_a_port_in_use(spawn: Spawn) -> None:

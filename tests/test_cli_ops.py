@@ -73,7 +73,9 @@ async def claim(client: redis.asyncio.Redis, k: int = 1) -> list[_scripts.Claime
 
 
 async def finish(
-    client: redis.asyncio.Redis, tasks: Sequence[_scripts.Claimed], kind: _scripts.OutcomeKind
+    client: redis.asyncio.Redis,
+    tasks: Sequence[_scripts.Claimed],
+    kind: _scripts.OutcomeKind,
 ) -> None:
     reason = "ValueError: bad row" if kind in ("dead", "halt") else ""
     outcomes = [
@@ -262,10 +264,12 @@ async def test_consumers(redis_url: str, redis_client: redis.asyncio.Redis) -> N
     assert run.code == 0
     header, row = run.out.splitlines()
     assert header.split()[:4] == ["NAME", "HOST", "PID", "STATE"]
-    assert row.split()[:6] == ["worker-7", "box", "99", "alive", "2", "16"]
+    # In flight: what it holds on the server (nothing), not its heartbeat's 2.
+    assert row.split()[:6] == ["worker-7", "box", "99", "alive", "0", "16"]
     run = await cli("consumers", "--json", url=redis_url)
     (data,) = run.json()
     assert (data["name"], data["pid"], data["alive"]) == ("worker-7", 99, True)
+    assert (data["in_flight"], data["stats"]["running"]) == (0, 2)
 
 
 # -- dead letters ----------------------------------------------------------------

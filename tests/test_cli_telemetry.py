@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 
 import anyio
 import httpx
@@ -16,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import aiogroupq
 from aiogroupq import TaskState
+from aiogroupq.testing._server import free_port
 
 from . import example_app
 from ._spawn import PATIENCE, Proc, Spawn
@@ -175,24 +175,9 @@ async def test_metrics_port_serves_the_counts_of_a_known_workload(
     assert "serving Prometheus metrics on port" in await stop(worker)
 
 
-def _free(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
 def _two_free_ports() -> int:
     """A port that is free, and the next one too (the second worker's)."""
-    for _ in range(100):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port: int = probe.getsockname()[1]
-        if port < 65535 and _free(port) and _free(port + 1):
-            return port
-    raise AssertionError("no two consecutive free ports in 100 tries")
+    return free_port(consecutive=2)
 
 
 @pytest.mark.slow

@@ -133,7 +133,7 @@ async def _workload(url: str, queue: str) -> None:
 
     async def slow(n: int) -> None:
         slow_started.set()
-        await anyio.sleep(1.5)  # over a heartbeat (lease_ttl=2)
+        await anyio.sleep(1.5)  # over a heartbeat (lease_ttl=3)
 
     async def tick() -> None:
         pass
@@ -167,7 +167,7 @@ async def _workload(url: str, queue: str) -> None:
             queue=queue,
             handlers=handlers,
             concurrency=8,
-            lease_ttl=2.0,
+            lease_ttl=3.0,
             retry_backoff=0.05,
             schedules=[aiogroupq.Schedule("tick", "tick", every=0.2)],
         ):

@@ -147,7 +147,7 @@ async def test_a_running_consumer_outlives_a_damaged_queue_key(
             tasks.append(aiogroupq.Task("work", job))
         ids = await producer.enqueue_many(tasks)
         async with consumers(redis_client, journal) as runs:
-            with anyio.fail_after(10):
+            with anyio.fail_after(30):
                 await mid_run(redis_client, journal, 4)
             await _damage.wrong_type(name)(_damage.Queue(redis_client))
             damaged_at = time.monotonic()
@@ -169,7 +169,7 @@ async def test_a_running_consumer_outlives_a_damaged_queue_key(
             repaired = await aiogroupq.repair_queue(redis_client, QUEUE)
             repaired_at = time.monotonic()
             assert repaired  # the key dropped or rebuilt
-            with anyio.fail_after(20):
+            with anyio.fail_after(30):
                 await journal.wait_done(len(expected))
             drained_at = time.monotonic()
             assert [r.error for r in runs if r.ended.is_set()] == []
@@ -224,7 +224,7 @@ async def test_each_task_a_claim_dead_letters_is_logged_with_its_reason(
         async with aiogroupq.Consumer(
             redis_client, queue=QUEUE, handlers=make_handlers(journal)
         ):
-            with anyio.fail_after(10):
+            with anyio.fail_after(30):
                 await journal.wait_done(1)
                 while await producer.status(ids[2]) is not aiogroupq.TaskState.DEAD:
                     await anyio.sleep(0.01)
@@ -271,7 +271,7 @@ async def test_a_consumer_logs_a_task_whose_group_field_was_changed(
         async with aiogroupq.Consumer(
             redis_client, queue=QUEUE, handlers=make_handlers(journal)
         ):
-            with anyio.fail_after(10):
+            with anyio.fail_after(30):
                 await journal.wait_done(1)
     lines = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     line = [m for m in lines if first in m]
@@ -302,7 +302,7 @@ async def test_a_repaired_lease_stays_with_its_live_holder(
         ),
     ):
         held = await producer.enqueue("t", "held", group="g")
-        with anyio.fail_after(10):
+        with anyio.fail_after(30):
             while starts != ["held"]:
                 await anyio.sleep(0.01)
         async with aiogroupq.Consumer(
@@ -313,14 +313,14 @@ async def test_a_repaired_lease_stays_with_its_live_holder(
             assert await aiogroupq.repair_queue(redis_client, QUEUE)
             # Wake the idle one: its claim would recover an expired lease.
             await producer.enqueue("t", "other", group="h")
-            with anyio.fail_after(10):
+            with anyio.fail_after(30):
                 while "other" not in starts:
                     await anyio.sleep(0.01)
             await anyio.sleep(0.5)
             print(f"runs while the holder still ran: {starts}")  # noqa: T201
             assert starts.count("held") == 1
             release.set()
-            with anyio.fail_after(10):
+            with anyio.fail_after(30):
                 while await producer.status(held) is not aiogroupq.TaskState.SUCCEEDED:
                     await anyio.sleep(0.02)
     assert starts.count("held") == 1

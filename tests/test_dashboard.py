@@ -346,6 +346,38 @@ async def test_payloads_and_results_are_shown_only_when_enabled(
     assert "Traceback (most recent call last)" not in pages[False][1]
 
 
+async def _sent(client: redis.asyncio.Redis) -> int:
+    """Bytes the server has sent to its clients so far."""
+    return int((await client.info("stats"))["total_net_output_bytes"])
+
+
+async def test_the_dead_letters_page_reads_only_the_start_of_each_payload(
+    redis_url: str, redis_client: redis.asyncio.Redis
+) -> None:
+    # With payloads shown, the page read every payload whole: 25 MiB from
+    # Redis for a page of 50 letters of 512 KiB, at every refresh, to show
+    # 80 characters of each.
+    letters, blob = 20, "x" * (480 * 1024)
+    async with aiogroupq.Producer(redis_client, queue=QUEUE) as producer:
+        for i in range(letters):
+            payload = {"account": f"acct-{i:02}", "blob": blob}
+            await producer.enqueue("bad", payload, max_attempts=1)
+        await drain(redis_client, queue=QUEUE, handlers={"bad": fail_quietly})
+    app = create_app(redis_url, queues=[QUEUE], show_payloads=True)
+    with serving(app) as url:
+        async with browser(url) as client:
+            await client.get(f"/q/{QUEUE}/dead")  # connections and scripts ready
+            before = await _sent(redis_client)
+            page = await client.get(f"/q/{QUEUE}/dead")
+            sent = await _sent(redis_client) - before
+    print(f"a page of {letters} letters of 480 KiB read {sent} bytes")  # noqa: T201
+    assert page.status_code == 200
+    shown = text(page.text)
+    assert [f"acct-{i:02}" in shown for i in range(letters)] == [True] * letters
+    assert '"blob": "xxxx' in html.unescape(page.text)
+    assert sent < letters * len(blob) // 20, sent
+
+
 # -- authentication and CSRF -------------------------------------------------------
 
 

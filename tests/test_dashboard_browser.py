@@ -19,7 +19,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -33,6 +32,7 @@ import pytest
 import redis.asyncio
 
 import aiogroupq
+from aiogroupq.testing._server import free_port
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -69,13 +69,6 @@ CHROMIUM_ARGS = [
 ]
 #: seconds any one thing may take to show on the page: liveness only
 LIVE = 30.0
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
 
 
 @asynccontextmanager

@@ -163,7 +163,7 @@ async def test_a_group_scoped_unique_key_is_freed_when_its_task_ends(
         first = await producer.enqueue("h", group="g", dedup_key="k", unique=True)
         assert await producer.enqueue("h", group="g", dedup_key="k") == first
         async with aiogroupq.Consumer(redis_client, queue=QUEUE, handlers={"h": h}):
-            with anyio.fail_after(10):
+            with anyio.fail_after(30):
                 await done.wait()
                 while await producer.status(first) is not aiogroupq.TaskState.SUCCEEDED:
                     await anyio.sleep(0.01)

@@ -11,7 +11,6 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -26,6 +25,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 import aiogroupq
 from aiogroupq.testing import drain
+from aiogroupq.testing._server import free_port
 from examples import aiohttp_app, dashboard_app, fastapi_app
 from tests._spawn import PATIENCE
 from tests._web import serving
@@ -263,13 +263,6 @@ def _stop(process: subprocess.Popen[bytes], signum: int) -> int:
         raise
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("module", "by_environment"),
@@ -281,7 +274,7 @@ async def test_web_examples_serve_where_they_are_told(
 ) -> None:
     """``python -m examples.<app>`` serves on the host and port given by its
     options (FastAPI) or by ``$HOST`` and ``$PORT`` (aiohttp)."""
-    port = _free_port()
+    port = free_port()
     where = {"HOST": "127.0.0.1", "PORT": str(port), "REDIS_URL": redis_url}
     argv = [sys.executable, "-m", f"examples.{module}"]
     env = dict(os.environ)

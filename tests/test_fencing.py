@@ -135,17 +135,18 @@ class _Blocker:
 async def test_heartbeat_reporting_the_lease_lost_cancels_the_handler(
     redis_client: redis.asyncio.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # Heartbeats every lease_ttl / 3 = 1 s; the local deadline lies 2.7 s
+    # Heartbeats every lease_ttl / 3 = 2 s; the local deadline lies 5.4 s
     # after the last renewal, so the first heartbeat after the loss sees it
-    # well before the deadline could.
+    # well before the deadline could, also on a busy machine that pauses
+    # the consumer for a second or two.
     handler = _Blocker()
     async with aiogroupq.Producer(redis_client, queue=QUEUE) as producer:
         task_id = await producer.enqueue("h", group="g")
         with caplog.at_level(logging.INFO, logger="aiogroupq"):
             async with aiogroupq.Consumer(
-                redis_client, queue=QUEUE, handlers={"h": handler}, lease_ttl=3.0
+                redis_client, queue=QUEUE, handlers={"h": handler}, lease_ttl=6.0
             ) as consumer:
-                with anyio.fail_after(10):
+                with anyio.fail_after(30):
                     await handler.started.wait()
                 # The server recovers the task and another consumer takes it.
                 await expire_lease(redis_client, task_id)
@@ -153,7 +154,7 @@ async def test_heartbeat_reporting_the_lease_lost_cancels_the_handler(
                     redis_client, KEYS, "other", k=1, lease_ms=LONG_MS, scan_limit=10
                 )
                 assert [(t.id, t.attempt) for t in reply.tasks] == [(task_id, 2)]
-                with anyio.fail_after(10):
+                with anyio.fail_after(30):
                     await handler.cancelled.wait()
                     while consumer.stats.running:
                         await anyio.sleep(0.01)
@@ -184,7 +185,7 @@ async def test_lease_deadline_cancels_the_handler_when_renewals_fail(
         ) as consumer,
     ):
         task_id = await producer.enqueue("h", group="g")
-        with anyio.fail_after(10):
+        with anyio.fail_after(30):
             await handler.started.wait()
         # Every write, scripts included, now waits: no heartbeat gets an
         # answer, so none can report anything. Only the consumer's own lease
@@ -192,12 +193,12 @@ async def test_lease_deadline_cancels_the_handler_when_renewals_fail(
         # lifts itself after 20 s if the test dies.)
         await redis_client.client_pause(20_000, all=False)  # WRITE mode
         try:
-            with anyio.fail_after(10):
+            with anyio.fail_after(30):
                 await handler.cancelled.wait()
         finally:
             await redis_client.client_unpause()
         # Afterwards the task runs again (a retry, or a recovery) and ends.
-        with anyio.fail_after(15):
+        with anyio.fail_after(30):
             while await producer.status(task_id) is not TaskState.SUCCEEDED:
                 await anyio.sleep(0.01)
         assert consumer.stats.succeeded == 1

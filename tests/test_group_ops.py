@@ -165,7 +165,7 @@ async def test_partitioned_queue_running_held_and_paused_groups(
             queue,
             processes=2,
             concurrency=4,
-            options=Options(partitions=parts, lease_ttl=1.5),
+            options=Options(partitions=parts, lease_ttl=4.5),
         ),
         aiogroupq.Producer(redis_url, queue=queue, partitions=parts) as producer,
         aiogroupq.Admin(redis_url, queue=queue, partitions=parts) as admin,

@@ -89,7 +89,7 @@ async def test_a_reply_that_never_comes_is_an_unknown_outcome_and_the_tasks_land
         assert isinstance(info.value, aiogroupq.RedisUnavailableError)
         assert "outcome unknown" in str(info.value)
         assert ids[0] in str(info.value)
-        with anyio.fail_after(10):
+        with anyio.fail_after(30):
             while (landed := await _present(direct, ids)) == 0:
                 await anyio.sleep(0.05)
         # One atomic script: all of them, once each.

@@ -184,7 +184,7 @@ async def test_queue_gauges_follow_the_reader(
             nonlocal readings
             readings += 1
             if readings == 2:
-                raise ConnectionError("a failed reading keeps the gauges")
+                raise ConnectionError("a failed reading drops the gauges")
             states = Counter([str(await producer.status(i)) for i in ids])
             return dict(states)
 
@@ -236,6 +236,55 @@ async def test_a_retry_pickup_latency_leaves_out_its_backoff(
     # backoff (counted from the enqueue, it alone would exceed the backoff).
     assert count == 2
     assert total < backoff
+
+
+async def test_a_failed_reading_says_so_and_drops_the_last_values(
+    redis_client: redis.asyncio.Redis,
+) -> None:
+    # With Redis down the gauges kept their last values (consumers_alive 1):
+    # an alert on them could not fire. Now up says 0, and they are gone
+    # until a reading succeeds again.
+    registry = CollectorRegistry()
+    observer = PrometheusObserver(registry=registry)
+    down = False
+
+    def value(name: str) -> float | None:
+        return registry.get_sample_value(name, {"queue": QUEUE})
+
+    async with (
+        aiogroupq.Admin(redis_client, queue=QUEUE) as admin,
+        aiogroupq.Producer(redis_client, queue=QUEUE) as producer,
+        anyio.create_task_group() as tg,
+    ):
+        await producer.enqueue("t", 1, group="g")
+
+        async def read() -> aiogroupq.QueueStats:
+            if down:
+                raise aiogroupq.RedisUnavailableError("127.0.0.1:1: timed out")
+            return await admin.stats()
+
+        async def until(name: str, want: float | None) -> None:
+            with anyio.fail_after(PATIENCE):
+                while value(name) != want:
+                    await anyio.sleep(0.01)
+
+        tg.start_soon(lambda: observer.watch_queue(QUEUE, read, interval=0.01))
+        await until("aiogroupq_queue_groups", 1.0)
+        assert value("aiogroupq_queue_up") == 1.0
+        read_at = value("aiogroupq_queue_last_read_timestamp_seconds")
+        assert read_at is not None
+        assert read_at > 0
+        down = True
+        await until("aiogroupq_queue_up", 0.0)
+        assert value("aiogroupq_queue_groups") is None
+        assert value("aiogroupq_queue_consumers_alive") is None
+        tasks = {"queue": QUEUE, "state": "parked"}
+        assert registry.get_sample_value("aiogroupq_queue_tasks", tasks) is None
+        assert value("aiogroupq_queue_last_read_timestamp_seconds") is not None
+        down = False
+        await until("aiogroupq_queue_up", 1.0)
+        await until("aiogroupq_queue_groups", 1.0)
+        tg.cancel_scope.cancel()
 
 
 async def test_queue_gauges_from_admin_stats(

@@ -9,6 +9,7 @@ and samples every partition's live groups all along (see ``_Sampler``).
 
 from __future__ import annotations
 
+import functools
 import random
 import zlib
 from collections import defaultdict
@@ -81,13 +82,23 @@ async def _feed(
     ids: dict[int, str],
     rng: random.Random,
     pace: float = 0.03,
+    *,
+    drain: bool = False,
 ) -> None:
     """Enqueue one group's jobs in order, a pause of up to *pace* seconds
-    between two: a slow group drains between its tasks (so it moves while
-    tasks keep coming), a fast one stays live (so it stays put)."""
+    between two: a slow group (*drain*) waits for each task to end before
+    the next, so that it drains between its tasks (and moves while tasks
+    keep coming) however slow the consumer is; a fast one stays live (so it
+    stays put)."""
     for job in jobs:
         ids[job.n] = await producer.enqueue("work", job, group=job.group)
         await anyio.sleep(rng.uniform(pace / 15, pace))
+        if drain:
+            with anyio.fail_after(PATIENCE):
+                while (
+                    await producer.status(ids[job.n]) != aiogroupq.TaskState.SUCCEEDED
+                ):
+                    await anyio.sleep(0.01)
 
 
 async def _wait_layout(admin: aiogroupq.Admin) -> list[str]:
@@ -145,8 +156,18 @@ async def test_a_live_repartition_keeps_every_groups_order(
         async with anyio.create_task_group() as feeders:
             for i, g in enumerate(groups):
                 rest = jobs[g][per_group // 2 :]
-                pace = 0.03 if i % 2 else 0.3
-                feeders.start_soon(_feed, producer, rest, ids, rng, pace)
+                slow = not i % 2
+                feeders.start_soon(
+                    functools.partial(
+                        _feed,
+                        producer,
+                        rest,
+                        ids,
+                        rng,
+                        0.3 if slow else 0.03,
+                        drain=slow,
+                    )
+                )
             for job in ungrouped:
                 ids[job.n] = await producer.enqueue("work", job)
         last = await _wait_layout(admin)

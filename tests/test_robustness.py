@@ -27,7 +27,7 @@ async def test_out_of_memory_refuses_new_work_but_lets_running_work_finish(
         running = await producer.enqueue("h", 1, group="g")
         parked = await producer.enqueue("h", 2, group="g")
         async with aiogroupq.Consumer(redis_client, queue=QUEUE, handlers={"h": h}):
-            with anyio.fail_after(10):
+            with anyio.fail_after(30):
                 await started.wait()
             used = int((await redis_client.info("memory"))["used_memory"])
             await redis_client.config_set("maxmemory-policy", "noeviction")
@@ -43,7 +43,7 @@ async def test_out_of_memory_refuses_new_work_but_lets_running_work_finish(
                 assert await redis_client.dbsize() == keys_before
                 # Acknowledging still works: the group passes on, in order.
                 release.set()
-                with anyio.fail_after(10):
+                with anyio.fail_after(30):
                     while await producer.status(running) is not TaskState.SUCCEEDED:
                         await anyio.sleep(0.01)
                 assert await producer.status(parked) in (
@@ -53,7 +53,7 @@ async def test_out_of_memory_refuses_new_work_but_lets_running_work_finish(
                 )
             finally:
                 await redis_client.config_set("maxmemory", "0")
-            with anyio.fail_after(10):
+            with anyio.fail_after(30):
                 while await producer.status(parked) is not TaskState.SUCCEEDED:
                     await anyio.sleep(0.01)
 
@@ -122,7 +122,7 @@ async def test_script_flush_while_consuming(redis_client: redis.asyncio.Redis) -
             await producer.enqueue("h", n, group=f"g{n % 5}")
             if n % 10 == 0:
                 await redis_client.script_flush()
-        with anyio.fail_after(10):
+        with anyio.fail_after(30):
             while len(seen) < 50:
                 await anyio.sleep(0.01)
     assert sorted(seen) == list(range(50))

@@ -478,10 +478,16 @@ async def test_expired_tasks_never_start_and_their_group_moves_on(
     async with (
         consumer_processes(redis_url, queue, processes=2, concurrency=4),
         aiogroupq.Producer(redis_url, queue=queue) as producer,
+        aiogroupq.Admin(redis_url, queue=queue) as admin,
     ):
+        # Held until the doomed are past their expiry, however slow the
+        # machine (the blocker alone held them only for its 600 ms).
+        await admin.pause_group("g")
         await producer.enqueue("work", blocker, group="g")
         doomed_ids = await _enqueue(producer, doomed, expires=0.2)
         await producer.enqueue("work", last, group="g", expires=3600)
+        await anyio.sleep(0.3)  # only that 0.2 s have passed, on any machine
+        await admin.resume_group("g")
         with anyio.fail_after(LIVENESS):
             await journal.wait_done(2)
             states = [await producer.status(i) for i in doomed_ids]

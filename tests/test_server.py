@@ -128,6 +128,24 @@ def test_a_port_taken_meanwhile_is_replaced(
             client.close()
 
 
+@pytest.mark.skipif(
+    not os.path.exists(_server._EPHEMERAL_RANGE), reason="Linux's port range"
+)
+def test_free_ports_lie_below_the_ephemeral_range() -> None:
+    # A port of that range, picked free and bound later by a server (or
+    # rebound by one restarted on it), can be taken meanwhile by any
+    # process's outgoing connection.
+    low = int(Path(_server._EPHEMERAL_RANGE).read_text().split()[0])
+    ports = [_server.free_port() for _ in range(50)]
+    assert all(_server.LOWEST_PORT <= port < low for port in ports), ports
+    assert len(set(ports)) > 1  # drawn at random, not one for everybody
+    first = _server.free_port(consecutive=2)
+    assert first + 1 < low
+    for port in (first, first + 1):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", port))
+
+
 def test_a_fixed_port_that_is_taken_is_an_error(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -21,7 +21,7 @@ async def test_enqueue_and_consume_one(redis_client: redis.asyncio.Redis) -> Non
         ),
     ):
         task_id = await producer.enqueue("h", {"n": 1}, group="g")
-        with anyio.fail_after(10):
+        with anyio.fail_after(30):
             await done.wait()
     assert seen == [{"n": 1}]
     assert await _status(redis_client, task_id) == aiogroupq.TaskState.SUCCEEDED

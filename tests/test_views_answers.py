@@ -61,7 +61,10 @@ async def register(
 
 
 async def finish(
-    client: redis.asyncio.Redis, task: _scripts.Claimed, kind: _scripts.OutcomeKind, *args: str
+    client: redis.asyncio.Redis,
+    task: _scripts.Claimed,
+    kind: _scripts.OutcomeKind,
+    *args: str,
 ) -> None:
     outcome = _scripts.Outcome(task.id, task.token, kind, *args)
     codes = await _scripts.finish(client, KEYS, [outcome], retention_ms=60_000)
@@ -162,10 +165,19 @@ async def test_a_live_consumer_keeps_the_plain_reason(
     await claim_as(redis_client, "w1")
     info = await admin.group_info("g")
     assert info.reason.startswith(f"1 running: task {task_id} on consumer w1")
+    lease = info.holders[0].lease_deadline
+    assert lease is not None
+    assert info.reason == (
+        f"1 running: task {task_id} on consumer w1, its lease ends in "
+        f"{span_text(lease - info.now)} unless renewed"
+    )
     assert info.holders[0].consumer_alive is True
     details = await admin.task(task_id)
     assert details.consumer_alive is True
-    assert details.reason.startswith("running on consumer w1 (attempt 1 of 3)")
+    assert details.reason == (
+        "running on consumer w1 (attempt 1 of 3); its lease ends in "
+        f"{span_text(lease - details.now)} unless renewed"
+    )
 
 
 async def test_a_partitioned_queue_reads_consumers_from_partition_0(
@@ -220,6 +232,24 @@ async def test_a_delayed_group_says_when_its_first_task_is_due(both: Both) -> No
         f"delayed: it is due in {span_text(details.due_at - details.now)}"
     )
     assert f"(at {hms(details.due_at)})" in details.reason
+
+
+async def test_one_delayed_task_and_one_in_line_are_said_in_the_singular(
+    redis_client: redis.asyncio.Redis, both: Both
+) -> None:
+    producer, admin = both
+    await producer.enqueue("t", group="one", delay=60)
+    info = await admin.group_info("one")
+    assert info.next_due_at is not None
+    assert info.reason == (
+        "1 delayed task, not due yet: it is due in "
+        f"{span_text(info.next_due_at - info.now)} (at {hms(info.next_due_at)})"
+    )
+    await producer.enqueue_many([aiogroupq.Task("t", group="pair")] * 2)
+    await register(redis_client, "w1", lease_ms=LEASE_MS)
+    await claim_as(redis_client, "w1")
+    info = await admin.group_info("pair")
+    assert info.reason == "1 running, at its concurrency of 1; 1 waits in line behind"
 
 
 async def test_a_retry_and_a_rate_limited_task_say_when_they_may_start(

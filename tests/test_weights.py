@@ -20,6 +20,7 @@ import anyio
 import httpx
 import pytest
 import redis.asyncio
+import redis.exceptions
 
 import aiogroupq
 from aiogroupq._inspect import (
@@ -251,6 +252,71 @@ async def test_a_bad_weight_is_refused_and_nothing_is_written(
         assert await admin.group_settings("g") == aiogroupq.GroupSettings(concurrency=2)
         assert (await admin.settings()).group_weight == 1
     assert await redis_client.hget(QueueKeys("bad-weight").conf, "wt") is None
+
+
+async def test_update_group_changes_one_setting_and_keeps_the_others(
+    redis_client: redis.asyncio.Redis,
+) -> None:
+    # set_group(g, weight=2) replaced every setting: an earlier
+    # concurrency=4 was lost. update_group changes only what it is given.
+    rate = aiogroupq.Rate(10, 60)
+    async with aiogroupq.Admin(redis_client, queue="keep-settings") as admin:
+        await admin.set_group("g", concurrency=4, rate=rate, priority=5)
+        await admin.pause_group("g")
+        await admin.update_group("g", weight=2)
+        assert await admin.group_settings("g") == aiogroupq.GroupSettings(
+            concurrency=4, rate=rate, priority=5, weight=2, paused=True
+        )
+        await admin.update_group("g", ordering="exclusive", rate=False)
+        await admin.update_group("g", concurrency=None)  # the queue's default
+        assert await admin.group_settings("g") == aiogroupq.GroupSettings(
+            rate=False, priority=5, weight=2, paused=True, ordering="exclusive"
+        )
+        await admin.update_group("g", rate=None, ordering="strict", max_size=9)
+        assert await admin.group_settings("g") == aiogroupq.GroupSettings(
+            max_size=9, priority=5, weight=2, paused=True
+        )
+        # set_group keeps its documented meaning: it replaces them all.
+        await admin.set_group("g", weight=3)
+        assert await admin.group_settings("g") == aiogroupq.GroupSettings(
+            weight=3, paused=True
+        )
+
+
+@pytest.mark.parametrize(
+    ("settings", "match"),
+    [
+        ({}, "no setting"),
+        ({"weight": 0}, "weight"),
+        ({"concurrency": 1.5}, "concurrency"),
+        ({"rate": 5}, "rate"),
+        ({"ordering": "fifo"}, "ordering"),
+    ],
+)
+async def test_update_group_refuses_bad_input_and_writes_nothing(
+    redis_client: redis.asyncio.Redis, settings: dict[str, Any], match: str
+) -> None:
+    async with aiogroupq.Admin(redis_client, queue="keep-bad") as admin:
+        await admin.set_group("g", concurrency=2)
+        with pytest.raises(ConfigurationError, match=match):
+            await admin.update_group("g", **settings)
+        assert await admin.group_settings("g") == aiogroupq.GroupSettings(concurrency=2)
+
+
+async def test_an_update_raising_concurrency_starts_waiting_tasks_at_once(
+    redis_client: redis.asyncio.Redis,
+) -> None:
+    await enqueue(redis_client, *[new(f"t{i}", group="g") for i in range(3)])
+    assert len((await claim(redis_client, "c1", k=10)).tasks) == 1
+    await _scripts.control(redis_client, KEYS, "update", "g", "c", 3, "wt", 2)
+    assert len((await claim(redis_client, "c1", k=10)).tasks) == 2
+    await assert_consistent(redis_client)
+    assert await redis_client.hgetall(KEYS.group_conf("g")) == {b"c": b"3", b"wt": b"2"}
+    # Malformed calls are refused before any write.
+    for args in (("g",), ("g", "c"), ("g", "zz", 1), ("g", "c", 1, "wt")):
+        with pytest.raises(redis.exceptions.ResponseError, match="aiogroupq control"):
+            await _scripts.control(redis_client, KEYS, "update", *args)
+    assert await redis_client.hgetall(KEYS.group_conf("g")) == {b"c": b"3", b"wt": b"2"}
 
 
 async def test_weight_shows_in_settings_views_and_the_cli_text(

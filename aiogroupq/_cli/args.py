@@ -20,6 +20,7 @@ from . import (
     server as _cli_server,
     worker as _cli_worker,
 )
+from .ops_args import QUEUE_ENV
 
 DEFAULT_REDIS_URL: Final = "redis://localhost:6379/0"
 
@@ -168,12 +169,19 @@ def _add_check(commands: Commands) -> None:
         description="Walk every key of a queue and report each broken invariant "
         "(a task in two places or in none, a slot mark without its task, a "
         "group's line behind a free slot, a key of the wrong type, an envelope "
-        "that does not decode, ...). The reads are not one snapshot: on a busy "
-        "queue, run it twice before you believe a problem. With --repair, "
+        "that does not decode, ...). The reads are not one snapshot: each "
+        "problem found is read again, its keys together, and reported only if "
+        "it is still there, so a busy queue checks clean. With --repair, "
         "repair what it found, keeping group order, then report what is left "
         "(exit 1 if anything is).",
     )
-    check.add_argument("--queue", required=True, help="queue name")
+    queue = os.environ.get(QUEUE_ENV)
+    check.add_argument(
+        "--queue",
+        default=queue,
+        required=queue is None,
+        help=f"queue name (default: ${QUEUE_ENV})",
+    )
     check.add_argument(
         "--repair",
         action="store_true",

@@ -31,7 +31,7 @@ import traceback
 
 import anyio
 
-from .._inspect.check import examine
+from .._inspect.check import examine, similar_queues
 from .._inspect.printable import json_printable, printable
 from .._inspect.repair import repair_partitions
 from .._store.connection import safe_url
@@ -122,10 +122,21 @@ async def _check(redis_url: str, queue: str, repair: bool, max_payload: int) -> 
         if found.empty:
             # Most likely a misspelt name or another database: "0 problems"
             # would read as a clean bill of health.
-            say(f"queue {queue!r} has no keys (check the name and the database)")
+            near = await similar_queues(redis_url, queue)
+            hint = f"; did you mean {' or '.join(map(repr, near))}?" if near else ""
+            say(f"queue {queue!r} has no keys (check the name and the database){hint}")
             return 0
         for problem in found.problems:
             say(problem)
+        for problem in found.unsure:
+            say(f"unsure: {problem}")
+        if found.unsure:
+            say(
+                f"queue {queue!r}: {len(found.unsure)} counts of the whole queue "
+                "differ from what was counted while the queue moved; not "
+                "problems unless a check of the queue at rest (paused, or "
+                "between bursts) reports them"
+            )
         say(f"queue {queue!r}: {len(found.problems)} problems")
         if not repair or not found.problems:
             return 1 if found.problems else 0

@@ -6,7 +6,7 @@ Every read command prints a table or a page for people, or JSON with
 ``--json``; ``stats --watch`` refreshes. Exit status: 0 done; 1 nothing to
 act on or not found (a queue that does not exist, a group with no tasks and
 no settings, an unknown or ended task, a group that is not halted or not
-paused, an id that is not a dead letter); 2 a bad command line, an
+paused, an id that is not a dead letter, a consumer to release that may be alive); 2 a bad command line, an
 unreachable Redis, or any other error of aiogroupq's (a permission Redis
 refused, a damaged key), in one line.
 
@@ -41,7 +41,7 @@ from .._store.keys import QueueKeys
 from .._store.partition import Partitions
 from .._store.replies import CancelCode
 from ..admin import MAX_PAGE, Admin, GroupSettings
-from ..errors import AiogroupqError, TaskNotFoundError
+from ..errors import AiogroupqError, ConsumerRunningError, TaskNotFoundError
 from ..producer import Producer
 from .ops_args import QUEUE_ENV
 from .permissions import explain, is_refusal
@@ -463,12 +463,43 @@ async def _dead_before(
 async def _release(
     args: argparse.Namespace, client: Client, admin: Admin, producer: Producer
 ) -> None:
+    if (args.name is None) == (args.consumer is None):
+        raise _Usage("give a halted GROUP or --consumer NAME (not both)")
     await _require_queue(admin, args)
+    if args.consumer is not None:
+        await _release_consumer(args, admin)
+        return
     if not await admin.release_group(args.name):
         if not await _group_exists(admin, await admin.group_info(args.name)):
             raise _no_group(args)
         raise _Failed(f"group {args.name!r} is not halted")
     say(f"released group {args.name!r}: it goes on with its next task")
+
+
+async def _release_consumer(args: argparse.Namespace, admin: Admin) -> None:
+    """Hand a dead consumer's tasks back; exit 1 while it may be alive, or
+    for a name that is not registered and holds nothing."""
+    name = args.consumer
+    try:
+        done = await admin.release_consumer(name)
+    except ConsumerRunningError as exc:
+        raise _Failed(str(exc)) from None
+    if done:
+        say(
+            f"handed back {_tasks(done)} of consumer {name!r}, each to the front "
+            "of its group"
+        )
+        return
+    known = {c.name: c for c in await admin.consumers()}
+    if name not in known:
+        raise _Failed(
+            f"no consumer named {name!r} is registered in queue {args.queue!r}, "
+            "and it holds no task (aiogroupq consumers lists the names)"
+        )
+    raise _Failed(
+        f"consumer {name!r} is {known[name].status} and holds no task: nothing "
+        "to hand back"
+    )
 
 
 #: what ``pause`` without ``--create`` adds to "does not exist"

@@ -197,11 +197,21 @@ def _add_acting(adder: _Adder) -> None:
     """release, pause, resume, cancel, repartition."""
     release = adder.command(
         "release",
-        "let a halted group go on with its next task",
+        "let a halted group go on, or hand a dead consumer's tasks back",
         "Let a group halted behind a dead task go on with its next task; the "
-        "dead task stays dead.",
+        "dead task stays dead. With --consumer, hand the tasks of a dead "
+        "consumer back now rather than when its lease ends, each to the front "
+        "of its group (its attempt counted); refused (exit status 1) while "
+        "the consumer may be alive: while it heartbeats within its lease, "
+        "unless it runs on this host and its process is gone.",
     )
-    release.add_argument("name", metavar="GROUP")
+    release.add_argument("name", metavar="GROUP", nargs="?", help="a halted group")
+    release.add_argument(
+        "--consumer",
+        metavar="NAME",
+        help="hand back this dead consumer's tasks (aiogroupq consumers lists "
+        "the names)",
+    )
     pause = adder.command(
         "pause",
         "stop starting tasks of a group, or of the whole queue",

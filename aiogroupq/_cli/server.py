@@ -96,11 +96,14 @@ def run(args: argparse.Namespace) -> int:
         )
     # SIGTERM (from a process manager, or a terminal closing) stops the
     # server in order as Ctrl-C does: it runs in a process group of its own,
-    # and would outlive us otherwise.
+    # and would outlive us otherwise. A kill -9 of us kills it (Linux).
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         with ServerProcess(
-            binary=binary, port=args.port, config={"bind": addresses}
+            binary=binary,
+            port=args.port,
+            config={"bind": addresses},
+            die_with_parent=True,
         ) as server:
             _announce(server, binary)
             assert server.process is not None  # started

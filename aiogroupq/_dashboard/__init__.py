@@ -1,1 +1,3 @@
-"""The web dashboard's inside; the public entry is :mod:`aiogroupq.dashboard`."""
+"""The web dashboard's inside: routes, pages, operator actions, sign-in and
+its throttle, the Host allow-list. The public entry is
+:mod:`aiogroupq.dashboard`; it stands on the roles and the wings."""

@@ -80,7 +80,7 @@ async def requeue_dead(dash: Dashboard, queue: str, form: Form) -> str:
         # place in the list and is not chased.
         done = 0
         while left > 0:
-            letters = await admin.dead_letters(limit=min(_BATCH, left))
+            letters = await admin.dead_letters(limit=min(_BATCH, left), payloads=False)
             if not letters:
                 break
             requeued = await admin.requeue_dead(*(d.id for d in letters))

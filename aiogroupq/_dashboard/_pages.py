@@ -9,6 +9,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
+from .._inspect.preview import payload_previews
 from .._inspect.render import estimate_of, estimate_text
 from .._inspect.views import GroupInfo, GroupState
 from ..errors import AiogroupqError, InvalidGroupError, TaskNotFoundError
@@ -222,18 +223,25 @@ async def dead_page(dash: Dashboard, view: View) -> Response:
     reason = view.param("reason").strip() if dash.show_errors else ""
     async with dash.admin(view.queue) as admin:
         stats = await dash.stats(admin)
-        # Payloads left hidden are not read: a page of large ones would
-        # cost their whole size, at every live refresh.
-        letters = await admin.dead_letters(limit=limit, payloads=dash.show_payloads)
-    types = sorted({d.type for d in letters})
-    shown = [
-        d
-        for d in letters
-        if (not kind or d.type == kind)
-        and (not group or group.casefold() in (d.group or "").casefold())
-        and (not reason or reason.casefold() in d.reason.casefold())
-    ]
-    payloads = {d.id: _as_text(d.payload) for d in shown} if dash.show_payloads else {}
+        # Payloads are never read whole here: a page of large ones would cost
+        # their whole size, at every live refresh. The page shows the start
+        # of each shown one, read from the first bytes of its envelope.
+        letters = await admin.dead_letters(limit=limit, payloads=False)
+        types = sorted({d.type for d in letters})
+        shown = [
+            d
+            for d in letters
+            if (not kind or d.type == kind)
+            and (not group or group.casefold() in (d.group or "").casefold())
+            and (not reason or reason.casefold() in d.reason.casefold())
+        ]
+        payloads = (
+            await payload_previews(
+                admin._open_client(), await admin._current(), [d.id for d in shown]
+            )
+            if dash.show_payloads
+            else {}
+        )
     return dash.render(
         view.request,
         "dead.html",

@@ -21,6 +21,7 @@ __all__ = (
     "ORPHAN_ENTRY",
     "OVERSIZED",
     "SLOT_MISMATCH",
+    "STALE_STARTS",
     "STRAY_SLOT",
     "STUCK_HELD",
     "STUCK_PARK",
@@ -106,6 +107,12 @@ BAD_CONF: Final = "bad-conf"
 #: ``exclusive``; the scripts take it as unset (the default), and the repair
 #: removes it
 BAD_SETTING: Final = "bad-setting"
+
+#: the estimates' start counter (``starts``) holds more fields than claims
+#: leave in it (``_inspect/estimate.py`` ``STARTS_MOST``): fields no claim
+#: wrote, which no claim sweeps (each does a bounded part of that work);
+#: they cost memory only, and the repair deletes them in slices
+STALE_STARTS: Final = "stale-starts"
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ from .._store.replies import NOT_A_TASK, text as _text
 from .._store.scripts import GROUP_INFO, STATS, STATUSES, TASK_INFO
 from ..errors import CorruptTaskError
 from ..task import DeadLetter, TaskState
-from .consumers import Beat, consumer_from_row, registry_beats
+from .consumers import Beat, Liveness, consumer_from_row, discount_gone, registry_beats
 from .raw import (
     as_int as _int,
     opt_int as _opt_int,
@@ -119,8 +119,8 @@ async def group_infos(
 ) -> list[GroupInfo]:
     """These groups as seen now (one ``group_info.lua`` call). *alive*: the
     live consumers, when the registry is in another partition than *keys*
-    (each partition's own is empty); the consumers of running tasks are then
-    looked up there (one more round trip)."""
+    (each partition's own is empty). The consumers of running tasks are
+    looked up in the registry (one more round trip, when a task runs)."""
     reply = await GROUP_INFO(client, keys, (), ("groups", *groups))
     return (await _described(client, keys, reply, alive))[0]
 
@@ -148,20 +148,24 @@ async def _described(
         alive = _int(reply[2])
     cursor = _int(reply[3], -1)
     rows = reply[4:]
-    beats: dict[str, Beat] | None = None
-    if keys.partition != 0:  # the script read this partition's empty registry
-        beats, _ = await registry_beats(
-            client,
-            keys,
-            (
-                _text(h[5])
-                for row in rows
-                if len(row) > 2
-                for h in row[16]
-                if _text(h[1]) not in _SLOTS and h[5]
-            ),
-        )
-    infos = [_group(row, now_ms, queue_paused, alive, beats) for row in rows]
+    # The registry's entries of the running tasks' consumers, with their
+    # hosts and pids: whether each process still runs is told here. (The
+    # script reads this partition's registry, empty but in partition 0, and
+    # not the hosts and pids.)
+    beats, _ = await registry_beats(
+        client,
+        keys,
+        (
+            _text(h[5])
+            for row in rows
+            if len(row) > 2
+            for h in row[16]
+            if _text(h[1]) not in _SLOTS and h[5]
+        ),
+    )
+    known = {name: (b, b.liveness(now_ms)) for name, b in beats.items()}
+    alive = discount_gone(alive, known.values())
+    infos = [_group(row, now_ms, queue_paused, alive, known) for row in rows]
     return infos, None if cursor < 0 else cursor
 
 
@@ -169,9 +173,9 @@ def _holder(
     h: Sequence[Any],
     now_ms: int,
     rate_free_at: float | None,
-    beats: dict[str, Beat] | None,
+    known: dict[str, tuple[Beat, Liveness]],
 ) -> GroupTask:
-    tid, mark, _, attempt, max_attempts, consumer, dt, lease, due, gone, hb = h
+    tid, mark, _, attempt, max_attempts, consumer, dt, lease, due, _, _ = h
     slot = _SLOTS.get(_text(mark), "running")
     if slot == "running":
         due_at = None
@@ -184,14 +188,11 @@ def _holder(
     name = _opt_text(consumer) if slot == "running" else None
     alive: bool | None = None
     beat: float | None = None
+    liveness: Liveness | None = None
     if name is not None:
-        gone_ms, beat_ms = (
-            (_opt_int(gone), _opt_int(hb))
-            if beats is None
-            else beats.get(name, (None, None))
-        )
-        alive = gone_ms is not None and gone_ms >= now_ms
-        beat = None if beat_ms is None else beat_ms / 1000
+        entry, liveness = known.get(name) or (Beat(), Beat().liveness(now_ms))
+        alive = liveness.state != "gone"
+        beat = None if entry.heartbeat is None else entry.heartbeat / 1000
     return GroupTask(
         _text(tid),
         slot,
@@ -202,6 +203,8 @@ def _holder(
         due_at,
         consumer_alive=alive,
         consumer_heartbeat=beat,
+        consumer_state=None if liveness is None else liveness.state,
+        consumer_status=None if liveness is None else liveness.status,
     )
 
 
@@ -210,7 +213,7 @@ def _group(
     now_ms: int,
     queue_paused: bool,
     alive: int,
-    beats: dict[str, Beat] | None = None,
+    known: dict[str, tuple[Beat, Liveness]],
 ) -> GroupInfo:
     now = now_ms / 1000
     name = _text(row[0])
@@ -224,7 +227,7 @@ def _group(
     k, d, w = _int(row[1]), _int(row[2]), _int(row[3])
     limit, rn, rp, mx = _int(row[5], 1), _int(row[7]), _int(row[8]), _int(row[9])
     rate_free_at = _secs(row[10])
-    holders = [_holder(h, now_ms, rate_free_at, beats) for h in row[16]]
+    holders = [_holder(h, now_ms, rate_free_at, known) for h in row[16]]
     holders.sort(key=lambda t: (t.slot != "running", t.due_at or 0.0, t.id))
     running, ready, retry, held = (_int(n) for n in row[17])
     line_head = _opt_text(row[12])
@@ -297,7 +300,7 @@ async def task_details(
     task_type, enqueued_at, payload_size, payload = _contents(f)
     slot = _task_slot(mark, ahead)
     consumer = _opt_text(f.get("c"))
-    alive, consumer_alive, heartbeat = await _liveness(
+    alive, liveness, heartbeat = await _liveness(
         client, keys, state, consumer, _int(now_ms)
     )
     group_paused, halted_by, rate_free_at = _group_facts(facts)
@@ -328,8 +331,10 @@ async def task_details(
         kept_for=_int(pttl) / 1000 if ended and _int(pttl) > 0 else None,
         now=_int(now_ms) / 1000,
         payload_size=payload_size,
-        consumer_alive=consumer_alive,
+        consumer_alive=None if liveness is None else liveness.state != "gone",
         consumer_heartbeat=heartbeat,
+        consumer_state=None if liveness is None else liveness.state,
+        consumer_status=None if liveness is None else liveness.status,
     )
     reason = task_reason(
         details,
@@ -397,12 +402,12 @@ async def _liveness(
     state: TaskState,
     consumer: str | None,
     now_ms: int,
-) -> tuple[int | None, bool | None, float | None]:
+) -> tuple[int | None, Liveness | None, float | None]:
     """For a live task: how many consumers are alive and, for a running one,
-    whether its consumer is and its latest heartbeat (one registry read);
-    ``None`` each otherwise."""
+    what is known of its consumer and its latest heartbeat (one registry
+    read); ``None`` each otherwise."""
     alive: int | None = None
-    consumer_alive: bool | None = None
+    liveness: Liveness | None = None
     heartbeat: float | None = None
     if state in (TaskState.QUEUED, TaskState.RUNNING):
         running = consumer if state == TaskState.RUNNING else None
@@ -410,10 +415,11 @@ async def _liveness(
             client, keys, [running] if running else [], now_ms=now_ms
         )
         if running is not None:
-            gone_ms, beat_ms = beats.get(running, (None, None))
-            consumer_alive = gone_ms is not None and gone_ms >= now_ms
-            heartbeat = None if beat_ms is None else beat_ms / 1000
-    return alive, consumer_alive, heartbeat
+            beat = beats.get(running, Beat())
+            liveness = beat.liveness(now_ms)
+            alive = discount_gone(alive or 0, [(beat, liveness)])
+            heartbeat = None if beat.heartbeat is None else beat.heartbeat / 1000
+    return alive, liveness, heartbeat
 
 
 def _group_facts(facts: Sequence[Any] | None) -> tuple[bool, str | None, float | None]:

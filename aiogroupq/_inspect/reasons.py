@@ -11,7 +11,13 @@ __all__ = ("group_reason", "stall_text", "task_reason")
 from datetime import UTC, datetime
 
 from ..task import TaskState
-from .views import GroupInfo, GroupState, TaskDetails, span_text
+from .consumers import release_hint
+from .views import ConsumerState, GroupInfo, GroupState, TaskDetails, span_text
+
+
+def _tasks(n: int, what: str = "task") -> str:
+    """'1 delayed task', '3 delayed tasks'."""
+    return f"{n} {what}{'' if n == 1 else 's'}"
 
 
 def _ago(now: float, then: float | None) -> str:
@@ -35,20 +41,30 @@ def _at(then: float) -> str:
 def stall_text(
     now: float,
     subject: str,
-    consumer_alive: bool | None,
+    consumer: str,
+    state: ConsumerState | None,
+    status: str | None,
     heartbeat: float | None,
     lease_deadline: float | None,
     consumers_alive: int,
 ) -> str | None:
-    """Why a running task may be running no more: *subject* (its consumer,
-    named) stopped heartbeating, or the lease ran out; with when the lease
-    ends and what recovers the task. ``None`` while the consumer is alive and
-    the lease lasts."""
+    """Why a running task may be running no more: *subject* (its
+    *consumer*, named) is silent, its process is gone, it stopped
+    heartbeating, or the lease ran out; with when the lease ends, what
+    recovers the task, and how to hand it back at once where that is
+    allowed. ``None`` while the consumer is alive and the lease lasts.
+    *consumers_alive* counts a silent consumer, not one whose process is
+    known gone."""
     overdue = lease_deadline is not None and lease_deadline <= now
-    if consumer_alive and not overdue:
+    if state == "alive" and not overdue:
         return None
-    if consumer_alive:
+    silent = state == "silent"
+    if state == "alive":
         who = f"{subject} is alive but did not renew the lease"
+    elif silent:
+        who = f"{subject} is {status}"
+    elif status == "gone (pid not running)":
+        who = f"{subject} is gone (its process is not running on this host)"
     elif heartbeat is not None:
         who = f"{subject} stopped heartbeating {span_text(now - heartbeat)} ago"
     else:
@@ -61,12 +77,26 @@ def stall_text(
         lease = f"the lease ended at {_at(lease_deadline)}"
     else:
         lease = f"the lease ends at {_at(lease_deadline)}"
-    if consumers_alive == 0:
-        then = "no consumer is alive to recover the task: start one"
+    # A silent consumer is among the live ones, and may come back.
+    others = consumers_alive - (1 if silent else 0)
+    if others <= 0:
+        then = (
+            "no other consumer is alive to recover the task then: start one"
+            if silent
+            else "no consumer is alive to recover the task: start one"
+        )
     elif overdue or lease_deadline is None:
         then = "the next claim recovers the task"
     else:
-        then = "the first claim after that recovers the task"
+        then = (
+            f"the first claim after that recovers the task ({_in(now, lease_deadline)})"
+        )
+        if silent:
+            then += " unless its consumer comes back"
+    # Allowed once the consumer is not counted alive or its process is
+    # known gone (Admin.release_consumer): never for a silent one.
+    if state == "gone":
+        then += f"; to hand it back now: {release_hint(consumer)}"
     return f"{who}; {lease}; {then}"
 
 
@@ -82,7 +112,9 @@ def _stall(info: GroupInfo) -> str | None:
             text := stall_text(
                 info.now,
                 f"task {h.id}'s consumer {h.consumer}",
-                h.consumer_alive,
+                h.consumer,
+                h.consumer_state,
+                h.consumer_status,
                 h.consumer_heartbeat,
                 h.lease_deadline,
                 info.consumers_alive,
@@ -92,7 +124,12 @@ def _stall(info: GroupInfo) -> str | None:
     ]
     if not said:
         return None
-    more = f" ({len(said) - 1} more running tasks are in the same case)"
+    n = len(said) - 1
+    more = (
+        " (1 more running task is in the same case)"
+        if n == 1
+        else f" ({n} more running tasks are in the same case)"
+    )
     return said[0] + (more if len(said) > 1 else "")
 
 
@@ -126,7 +163,9 @@ def _why_state(
     info: GroupInfo, *, ready: int, retry: int, held: int, horizon: float | None
 ) -> tuple[GroupState, str]:
     now, g = info.now, info.group
-    behind = f"; {info.backlog} more wait in line" if info.backlog else ""
+    behind = (
+        f"; {info.backlog} more {_wait(info.backlog)} in line" if info.backlog else ""
+    )
     nobody = "; no consumer is alive" if info.consumers_alive == 0 else ""
     head = info.head
     if info.halted_by is not None:
@@ -165,13 +204,13 @@ def _why_state(
     if info.running and info.backlog:
         return GroupState.AT_CAP, (
             f"{info.running} running, at its concurrency of {info.concurrency}; "
-            f"{info.backlog} wait in line behind"
+            f"{info.backlog} {_wait(info.backlog)} in line behind"
         )
     if info.running:
         first = info.holders[0] if info.holders else None
         where = (
-            f": task {first.id} on consumer {first.consumer}, lease until "
-            f"{_in(now, first.lease_deadline)}"
+            f": task {first.id} on consumer {first.consumer}, its lease "
+            f"{_renewed(now, first.lease_deadline)}"
             if first is not None and first.slot == "running"
             else ""
         )
@@ -181,23 +220,36 @@ def _why_state(
     return GroupState.IDLE, "no live task"
 
 
+def _wait(n: int) -> str:
+    return "waits" if n == 1 else "wait"
+
+
+def _renewed(now: float, deadline: float | None) -> str:
+    """A live holder's lease: when it ends unless its consumer renews it."""
+    if deadline is None:
+        return "is gone"
+    if deadline <= now:
+        return f"ended {span_text(now - deadline)} ago"
+    return f"ends {_in(now, deadline)} unless renewed"
+
+
 def _delayed(info: GroupInfo, horizon: float | None, nobody: str) -> str:
     now, due, n = info.now, info.next_due_at, info.delayed
+    tasks = _tasks(n, "delayed task")
+    first = "it" if n == 1 else "the first"
+    none = "not" if n == 1 else "none"
     if due is not None and due <= now:
         return (
-            f"{n} delayed tasks: the first was due {span_text(now - due)} ago "
+            f"{tasks}: {first} was due {span_text(now - due)} ago "
             f"(at {_at(due)}) and the next claim makes it runnable{nobody}"
         )
     if due is not None:
         return (
-            f"{n} delayed tasks, none due yet: the first is due "
-            f"{_in(now, due)} (at {_at(due)})"
+            f"{tasks}, {none} due yet: {first} is due {_in(now, due)} (at {_at(due)})"
         )
     if horizon is not None:
-        return (
-            f"{n} delayed tasks, none due before {_at(horizon)} ({_in(now, horizon)})"
-        )
-    return f"{n} delayed tasks, none due yet"
+        return f"{tasks}, {none} due before {_at(horizon)} ({_in(now, horizon)})"
+    return f"{tasks}, {none} due yet"
 
 
 # -- tasks ---------------------------------------------------------------------
@@ -251,7 +303,9 @@ def _running(t: TaskDetails, alive: int | None) -> str:
     stall = stall_text(
         now,
         f"its consumer {t.consumer}",
-        t.consumer_alive,
+        t.consumer or "",
+        t.consumer_state,
+        t.consumer_status,
         t.consumer_heartbeat,
         t.lease_deadline,
         alive or 0,
@@ -260,7 +314,7 @@ def _running(t: TaskDetails, alive: int | None) -> str:
         return f"running, but {stall}"
     return (
         f"running on consumer {t.consumer} (attempt {t.attempt} of "
-        f"{t.max_attempts}); its lease ends {_in(now, t.lease_deadline)}"
+        f"{t.max_attempts}); its lease {_renewed(now, t.lease_deadline)}"
     )
 
 

@@ -293,7 +293,13 @@ def holder_table(now: float, holders: Sequence[GroupTask]) -> str:
             h.id,
             h.slot,
             f"{h.attempt}/{h.max_attempts}",
-            consumer_text(now, h.consumer, h.consumer_alive, h.consumer_heartbeat),
+            consumer_text(
+                now,
+                h.consumer,
+                h.consumer_alive,
+                h.consumer_heartbeat,
+                h.consumer_status,
+            ),
             until(now, h.lease_deadline)
             if h.slot == "running"
             else until(now, h.due_at),
@@ -304,11 +310,18 @@ def holder_table(now: float, holders: Sequence[GroupTask]) -> str:
 
 
 def consumer_text(
-    now: float, name: str | None, alive: bool | None, heartbeat: float | None
+    now: float,
+    name: str | None,
+    alive: bool | None,
+    heartbeat: float | None,
+    status: str | None = None,
 ) -> str:
-    """A running task's consumer, marked when it is not alive."""
+    """A running task's consumer, marked when it is not alive or silent
+    (*status*, as :attr:`ConsumerInfo.status` says it, where known)."""
     if name is None:
         return "-"
+    if status not in (None, "alive", "not registered"):
+        return f"{name} ({status})"
     if alive is not False:
         return name
     if heartbeat is None:
@@ -364,7 +377,7 @@ def render_task(t: TaskDetails, estimate: StartEstimate | str | None = None) -> 
         ("place", where),
         ("attempt", f"{t.attempt} of {t.max_attempts}"),
         ("priority", t.priority),
-        ("consumer", consumer_text(now, t.consumer, t.consumer_alive, t.consumer_heartbeat)),
+        ("consumer", consumer_text(now, t.consumer, t.consumer_alive, t.consumer_heartbeat, t.consumer_status)),
         ("lease ends", until(now, t.lease_deadline)),
         ("due", until(now, t.due_at)),
         ("expected start", estimate_text(estimate)),
@@ -433,7 +446,7 @@ def consumer_rows(
             c.name,
             c.host,
             c.pid,
-            "alive" if c.alive else "gone",
+            c.status,
             count(c.in_flight),
             count(c.concurrency),
             ago(now, c.last_heartbeat),

@@ -49,6 +49,7 @@ from .._store.scripts import REPAIR
 from ..errors import CorruptQueueError
 from . import check as fsck, problems as problem_kinds, snapshot as _snapshot
 from .conf_rebuild import conf_step
+from .estimate import clear_stale_starts
 from .rules import slotless_retries
 
 if TYPE_CHECKING:
@@ -106,6 +107,8 @@ _STAGES: Final = (
         ),
     ),
     ("counters", frozenset({problem_kinds.BAD_COUNT, problem_kinds.BAD_FENCE})),
+    # The start counter's stale fields: deleted in slices (not repair.lua's).
+    ("starts", frozenset({problem_kinds.STALE_STARTS})),
 )
 
 
@@ -118,7 +121,8 @@ class Repair:
         ``"bury"`` (a damaged task dead-lettered), ``"flag"`` (a conf flag
         set), ``"place"`` (a task's entries put right), ``"group"`` (a
         group's marks and counts rebuilt), ``"index"``, ``"stat"`` or
-        ``"fence"`` (a count set)
+        ``"fence"`` (a count set), ``"starts"`` (the start counter's stale
+        fields deleted)
     :ivar task_id: the task concerned, if one is
     :ivar group: the group concerned, if one is
     :ivar detail: what was changed, in words
@@ -442,6 +446,13 @@ def _plan_counters(
     return steps
 
 
+def _plan_starts(
+    snap: _snapshot.Snapshot, problems: Sequence[problem_kinds.Problem]
+) -> list[_Step]:
+    """One step whatever the problems: see :func:`_run_step`."""
+    return [_Step(("starts",))]
+
+
 _PLANS: Final = {
     "keys": _plan_keys,
     "tasks": _plan_tasks,
@@ -449,11 +460,14 @@ _PLANS: Final = {
     "places": _plan_places,
     "groups": _plan_groups,
     "counters": _plan_counters,
+    "starts": _plan_starts,
 }
 
 
 async def _run_step(client: Client, keys: QueueKeys, step: _Step) -> str:
     """Run one step; "" when it changed nothing (or could not run yet)."""
+    if step.args[0] == "starts":  # many fields: HSCAN and HDEL slices, no script
+        return await clear_stale_starts(client, keys.starts)
     # Ids and names as stored, even when they are not UTF-8.
     args = [
         a.encode("utf-8", "surrogateescape") if isinstance(a, str) else a

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from typing import Final
 
 from .._store.partition import Partitions, crc
+from .estimate import STARTS_MOST
 from .problems import (
     BAD_CONF,
     BAD_COUNT,
@@ -37,6 +38,7 @@ from .problems import (
     ORPHAN_ENTRY,
     OVERSIZED,
     SLOT_MISMATCH,
+    STALE_STARTS,
     STRAY_SLOT,
     STUCK_HELD,
     STUCK_PARK,
@@ -157,7 +159,22 @@ class _Checker:
         self.check_indexes()
         self.check_conf()
         self.check_fence()
+        self.check_starts()
         return sort_problems(self.problems)
+
+    def check_starts(self) -> None:
+        """A start counter larger than claims keep it: fields they did not
+        write, and that no claim sweeps (see ``claim.lua``)."""
+        size = self.snap.starts_fields
+        if size > STARTS_MOST:
+            self.report(
+                STALE_STARTS,
+                None,
+                None,
+                f"the start counter holds {size} fields, claims keep at most "
+                f"{STARTS_MOST}: the others are stale (--repair deletes them)",
+                self.keys.starts,
+            )
 
     # -- tasks --------------------------------------------------------------
 

@@ -170,6 +170,9 @@ class Snapshot:
     bad_envelopes: dict[str, tuple[bool, str]] = field(default_factory=dict)
     #: True if the queue has no key at all
     empty: bool = True
+    #: fields of the estimates' start counter (``starts``), 0 if none: read
+    #: by its length alone (``HLEN``), whatever it holds
+    starts_fields: int = 0
 
     def settings(self, group: str) -> dict[str, str]:
         """The group's own settings, as the scripts see them: only once the
@@ -372,6 +375,9 @@ async def read(
             snap.wrong_types.append((family_item[2], "changed"))
             continue
         _store_small(snap, family_item[0], family_item[1], reply)
+    if any(name == keys.starts for _, _, name in usable):
+        (size,) = await _run(client, [("HLEN", (_raw(keys.starts),))])
+        snap.starts_fields = size if isinstance(size, int) else 0
     # Tasks created after the scan but already referenced: read them too, so
     # a live queue does not show its newest entries as orphans.
     referenced = {

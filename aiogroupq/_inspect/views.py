@@ -11,6 +11,7 @@ from __future__ import annotations
 
 __all__ = (
     "ConsumerInfo",
+    "ConsumerState",
     "ConsumerStats",
     "GroupInfo",
     "GroupPage",
@@ -31,6 +32,11 @@ if TYPE_CHECKING:
 
 GroupSort = Literal["busiest", "oldest", "halted", "paused"]
 Slot = Literal["running", "ready", "retry", "held", "line"]
+#: what is known of a consumer: ``"alive"`` (heartbeating); ``"silent"`` (its
+#: heartbeat is late, its lease not over yet: stuck, cut off, or dead on
+#: another host); ``"gone"`` (silent past its lease, its process is not
+#: running on this host, or not registered)
+ConsumerState = Literal["alive", "silent", "gone"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,9 +104,14 @@ class GroupTask:
     :ivar due_at: when it may start: its retry's due time, the moment the rate
         limit frees, or when it became runnable (already due)
     :ivar consumer_alive: for a running task, whether its consumer is alive
-        (it sent a heartbeat within its lease); ``None`` otherwise
+        (it sent a heartbeat within its lease and, registered on this host,
+        its process runs); ``None`` otherwise
     :ivar consumer_heartbeat: for a running task, its consumer's latest
         heartbeat, if the registry still has it
+    :ivar consumer_state: for a running task, its consumer's
+        :data:`ConsumerState`; ``None`` otherwise
+    :ivar consumer_status: for a running task, its consumer's state in
+        words, as :attr:`ConsumerInfo.status`; ``None`` otherwise
     """
 
     id: str
@@ -112,6 +123,8 @@ class GroupTask:
     due_at: float | None = None
     consumer_alive: bool | None = None
     consumer_heartbeat: float | None = None
+    consumer_state: ConsumerState | None = None
+    consumer_status: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +153,8 @@ class GroupInfo:
     :ivar rate_free_at: when its rate limit allows the next start, if it waits
     :ivar max_size: the most live tasks it may hold, or ``None``
     :ivar full: it holds *max_size* live tasks: enqueues are refused
-    :ivar consumers_alive: live consumers of the queue
+    :ivar consumers_alive: live consumers of the queue (less those holding
+        its tasks whose process is known gone)
     :ivar now: the server's clock when it was read
     :ivar next_due_at: when its first delayed task is due, for a group whose
         only tasks are delayed ones (found among the queue's first 1,000
@@ -192,18 +206,39 @@ class GroupPage:
 
 @dataclass(frozen=True, slots=True)
 class ConsumerInfo:
-    """A consumer as its latest heartbeat registered it.
+    """A consumer as its latest heartbeat registered it, and what is known
+    of it now.
+
+    Whether its process runs is known only for a consumer registered with
+    this machine's host name (``socket.gethostname()``): its pid is looked
+    up here. A consumer in another container that shares the host name but
+    not the process namespace would be judged by a pid of this one's, so
+    give containers their own host names (the default).
 
     :ivar name: its name (the owner recorded on the tasks it runs)
     :ivar host: its host name
     :ivar pid: its process id on that host
-    :ivar alive: it has sent a heartbeat within its lease
+    :ivar alive: it has sent a heartbeat within its lease and, registered on
+        this host, its process runs
     :ivar last_heartbeat: when it sent its latest heartbeat
-    :ivar started: when it registered first
-    :ivar in_flight: tasks it held at its latest heartbeat
+    :ivar started: when its process registered first (a restart with the
+        same name starts it again)
+    :ivar in_flight: tasks it holds now: its recovery keys on the server,
+        where a dead consumer's tasks stay until they are recovered (in
+        :attr:`QueueStats.consumers`: the count of its latest heartbeat)
     :ivar concurrency: handlers it runs at once
     :ivar lease_ttl: its lease, in seconds: silent longer, it counts as gone
     :ivar stats: its counters at its latest heartbeat
+    :ivar state: ``"alive"``, ``"silent"`` (its heartbeat is late) or
+        ``"gone"`` (silent past its lease, or its process is not running
+        on this host)
+    :ivar status: *state* in words: ``alive``, ``silent for 12.0s
+        (heartbeat due every 10.0s)``, ``gone (pid not running)``, ``gone
+        (silent for 45.0s, past its 30.0s lease)``
+    :ivar pid_running: whether its process runs: ``None`` unless it is
+        registered on this host
+    :ivar heartbeat_every: seconds between its heartbeats (a third of its
+        lease)
     """
 
     name: str
@@ -216,6 +251,10 @@ class ConsumerInfo:
     concurrency: int
     lease_ttl: float
     stats: ConsumerStats
+    state: ConsumerState = "alive"
+    status: str = "alive"
+    pid_running: bool | None = None
+    heartbeat_every: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,6 +370,10 @@ class TaskDetails:
         ``None`` otherwise
     :ivar consumer_heartbeat: for a running task, its consumer's latest
         heartbeat, if the registry still has it
+    :ivar consumer_state: for a running task, its consumer's
+        :data:`ConsumerState`; ``None`` otherwise
+    :ivar consumer_status: for a running task, its consumer's state in
+        words, as :attr:`ConsumerInfo.status`; ``None`` otherwise
     """
 
     id: str
@@ -360,6 +403,8 @@ class TaskDetails:
     payload_size: int | None = None
     consumer_alive: bool | None = None
     consumer_heartbeat: float | None = None
+    consumer_state: ConsumerState | None = None
+    consumer_status: str | None = None
 
 
 def span_text(seconds: float) -> str:

@@ -19,11 +19,16 @@
                          halted by it goes on with its next task
               "release": each group in ARGV[3..] halted by a dead task goes
                          on with its next task (the dead task stays dead)
+              "preview": a read: ARGV[3] bytes at most of the envelope of
+                         each task id in ARGV[4..], so that a page showing
+                         the start of payloads (the dashboard's dead
+                         letters) is not sent each one whole
               Callers send at most a few hundred targets per call, so that
               one call stays short.
   returns  how many of ARGV[3..] were acted on (others were not dead, or not
            halted, or had damaged keys, or their group was full, and were
-           left alone)
+           left alone); for "preview", per id the first bytes of its
+           envelope, false if it has none (or its hash is damaged)
 ]]
 --- @include "base"
 --- @include "ready"
@@ -31,6 +36,17 @@
 --- @include "holds"
 
 local op, n, readied = ARGV[2], 0, 0
+if op == 'preview' then -- reads only: no fixed key needed
+  local most, heads = tonumber(ARGV[3]), {}
+  if not most or most < 1 then
+    return redis.error_reply('ERR aiogroupq dead: malformed preview')
+  end
+  for i = 4, #ARGV do
+    local e = redis.pcall('HGET', k_task(ARGV[i]), 'e')
+    heads[#heads + 1] = type(e) == 'string' and string.sub(e, 1, most) or false
+  end
+  return heads
+end
 if op ~= 'requeue' and op ~= 'requeue_here' and op ~= 'purge' and op ~= 'release' then
   return redis.error_reply('ERR aiogroupq dead: unknown operation ' .. tostring(op))
 end

@@ -25,10 +25,13 @@
            recovered the task yet, unless restoring, or the task was taken,
            or its hash is damaged), 2 extended but cancellation was
            requested (Producer.cancel)
-  Registry: the hash gets the fields, hb = now and st (first seen) once, and
+  Registry: the hash gets the fields, hb = now and st (first seen), and
   lives three leases, so a consumer that stops without leaving stays listed
-  as gone for two leases after its last heartbeat; entries whose hash has
-  expired are pruned (a few per call). A damaged registry key skips the
+  as gone for two leases after its last heartbeat. st is set again when the
+  registration names another process than the stored one (its host, pid or
+  incarnation field i differs): a consumer restarted with the same name
+  counts its uptime from its own start, though the dead one's hash
+  outlives it. Entries whose hash has expired are pruned (a few per call). A damaged registry key skips the
   registration, never the leases.
 ]]
 --- @include "base"
@@ -68,13 +71,20 @@ local PRUNE = 16 -- gone entries looked at per call
 if register then
   local registry, info, r = KEYS[2], KEYS[3], 5 + 2 * n
   local fields = { 'hb', now, 'ttl', lease_ms }
-  if redis.call('HEXISTS', info, 'st') == 0 then
-    fields[#fields + 1] = 'st'
-    fields[#fields + 1] = now
-  end
+  local given = {}
   for i = r + 1, #ARGV, 2 do
     fields[#fields + 1] = ARGV[i]
     fields[#fields + 1] = ARGV[i + 1]
+    given[ARGV[i]] = ARGV[i + 1]
+  end
+  local was = redis.call('HMGET', info, 'st', 'host', 'pid', 'i')
+  local another = not was[1]
+  for j, field in ipairs({ 'host', 'pid', 'i' }) do
+    if given[field] and was[j + 1] and given[field] ~= was[j + 1] then another = true end
+  end
+  if another then
+    fields[#fields + 1] = 'st'
+    fields[#fields + 1] = now
   end
   redis.call('HSET', info, unpack(fields))
   redis.call('PEXPIRE', info, 3 * lease_ms)

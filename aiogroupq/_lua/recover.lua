@@ -1,10 +1,13 @@
 #!lua flags=allow-oom
 --[[ recover.lua: give back the tasks a consumer's recovery key holds, except
   those it still knows it runs.
-  Two uses: a consumer restarted with the same name resumes its previous
-  incarnation's tasks at once (counted: they may have run), and a consumer
+  Three uses: a consumer restarted with the same name resumes its previous
+  incarnation's tasks at once (counted: they may have run), a consumer
   whose claim reply was lost gives back what that claim took (not counted:
-  they never started).
+  they never started), and an operator hands back a dead consumer's tasks
+  (Admin.release_consumer: counted). Each is fenced as a lease's expiry
+  is: the task is no longer running under the holder's token, so the
+  holder's late heartbeat, finish or batch top-up is refused.
   KEYS[1]     {aiogroupq:<q>}:ready    LIST runnable task ids, next first
   KEYS[2]     {aiogroupq:<q>}:delayed  ZSET id -> due time (server ms)
   KEYS[3]     {aiogroupq:<q>}:leases   ZSET id -> lease deadline (server ms)
@@ -15,7 +18,9 @@
   KEYS[6]     {aiogroupq:<q>}:dead     ZSET id -> time dead-lettered (server ms)
   KEYS[7]     {aiogroupq:<q>}:inflight:<consumer>   SET, the recovery key
   ARGV[1]     key prefix
-  ARGV[2]     1 to count the interrupted attempt, 0 not to
+  ARGV[2]     1 to count the interrupted attempt, 0 not to, r to count it
+              for a release by an operator (the reason a dead-lettered
+              task gets says so)
   ARGV[3]     the consumer's name (a task another consumer owns is only
               dropped from this recovery key, never taken from its owner)
   ARGV[4]     retention of a task cancelled meanwhile, in ms
@@ -34,7 +39,11 @@
 --- @include "recovery"
 --- @include "tokens"
 
-local counted, consumer, retention = ARGV[2] == '1', ARGV[3], tonumber(ARGV[4])
+local counted, consumer, retention = ARGV[2] ~= '0', ARGV[3], tonumber(ARGV[4])
+local why = ARGV[2] == 'r' and 'consumer released by an operator' or 'consumer restarted'
+if ARGV[2] ~= '0' and ARGV[2] ~= '1' and ARGV[2] ~= 'r' then
+  return redis.error_reply('ERR aiogroupq recover: malformed arguments')
+end
 if not retention then
   return redis.error_reply('ERR aiogroupq recover: malformed arguments')
 end
@@ -50,7 +59,7 @@ for _, id in ipairs(redis.call('SMEMBERS', KEYS[7])) do
     local became, reason, who
     if owner == consumer then
       local _problem
-      became, _problem, reason, who = recover(id, now, 'consumer restarted', counted, retention, keep)
+      became, _problem, reason, who = recover(id, now, why, counted, retention, keep)
       if became ~= 'kept' then n = n + 1 end
       if became == 'ready' then readied = readied + 1 end
       if became == 'dead' then

@@ -269,9 +269,15 @@ async def _handshake(connection: AbstractConnection) -> None:
     From here on a request may reach the server: an enqueue that fails
     after this is an unknown outcome (``failures.outcome_of``)."""
     _failures.note_connected()
-    await connection.on_connect()
-    await connection.send_command("PING", check_health=False)
-    await connection.read_response()
+    try:
+        await connection.on_connect()
+        await connection.send_command("PING", check_health=False)
+        await connection.read_response()
+    except rexc.InvalidResponse as exc:
+        where = {
+            name: getattr(connection, name, None) for name in ("host", "port", "path")
+        }
+        raise _failures.NotRedisError(_address(where), exc) from exc
 
 
 def _cluster_from_url(url: str, kwargs: dict[str, object], *, retry: bool) -> Client:

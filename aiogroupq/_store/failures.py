@@ -75,6 +75,12 @@ def as_aiogroupq_error(exc: BaseException) -> AiogroupqError | None:
         return ConfigurationError(NOT_A_CLUSTER_CLIENT)
     if isinstance(exc, rexc.RedisClusterException | rexc.ClusterError):
         return RedisUnavailableError(str(exc) or type(exc).__name__)
+    if isinstance(exc, rexc.InvalidResponse):
+        # Something answers on the port in another protocol (HTTP, TLS...):
+        # waiting will not change that, the URL is wrong.
+        if isinstance(exc, NotRedisError):
+            return ConfigurationError(str(exc))
+        return ConfigurationError(f"{NOT_REDIS} ({str(exc).rstrip('.')})")
     # Not OSError at large: the builtin TimeoutError is one, and
     # Producer.result raises it for its own timeout.
     if isinstance(exc, rexc.ConnectionError | rexc.TimeoutError | ConnectionError):
@@ -270,6 +276,22 @@ def gave_up(where: str, budget: float) -> str:
     if last is None:
         return f"{where}: no reply within {budget:.1f} s"
     return f"{where}: {cause_of(last)}; gave up after {budget:.1f} s of retries"
+
+
+#: what a server that answers in another protocol than Redis's is told
+NOT_REDIS: Final = "the server did not answer as a Redis server"
+
+
+class NotRedisError(rexc.InvalidResponse):
+    """A new connection's handshake got an answer in another protocol than
+    Redis's (an HTTP server, a TLS port reached without TLS): the message
+    names the address."""
+
+    def __init__(self, address: str, exc: BaseException) -> None:
+        super().__init__(
+            f"{address} did not answer as a Redis server "
+            f"({str(exc).rstrip('.')}): is it the right host and port?"
+        )
 
 
 #: why a plain client of a cluster node is refused

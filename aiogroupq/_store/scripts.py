@@ -597,6 +597,20 @@ async def dead_action(
     return done
 
 
+async def dead_previews(
+    client: Client, keys: QueueKeys, task_ids: Sequence[str], most: int
+) -> list[bytes | None]:
+    """The first *most* bytes of each task's envelope (None: no envelope),
+    in calls of at most :data:`DEAD_BATCH` ids (``dead.lua``'s
+    ``preview``)."""
+    out: list[bytes | None] = []
+    for start in range(0, len(task_ids), DEAD_BATCH):
+        chunk = task_ids[start : start + DEAD_BATCH]
+        reply = await DEAD(client, keys, (), ("preview", most, *chunk))
+        out += [bytes(head) if head else None for head in reply]
+    return out
+
+
 async def wait_done(
     client: Client, keys: QueueKeys, task_id: str, timeout: float, block_cap: float
 ) -> tuple[str | None, bytes | None, str]:

@@ -23,9 +23,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import anyio
@@ -120,6 +121,32 @@ class SlotPool:
             self._waiters[0].set()
 
 
+class Outage:
+    """Whether the fetchers of one run are cut off from Redis, and since
+    when: each failure is logged where it happens (as a warning, again at
+    every try), and the end of the outage once, here, by whichever fetcher
+    gets through first."""
+
+    __slots__ = ("since",)
+
+    def __init__(self) -> None:
+        #: when the first failure of the current outage happened (monotonic)
+        self.since: float | None = None
+
+    def failed(self) -> None:
+        """A call to Redis failed (not a refusal: the server did not answer)."""
+        if self.since is None:
+            self.since = time.monotonic()
+
+    def succeeded(self) -> None:
+        """A call to Redis succeeded: an outage, if any, is over."""
+        if self.since is not None:
+            logger.info(
+                "Redis reachable again after %.1f s", time.monotonic() - self.since
+            )
+            self.since = None
+
+
 @dataclass(slots=True)
 class FetchContext:
     """What the fetchers of one consumer's run share."""
@@ -141,6 +168,8 @@ class FetchContext:
     #: the task types of batch handlers and their sizes (claim.lua takes a
     #: batch's members with its head); empty: no batch handler
     batches: tuple[tuple[str, int], ...] = ()
+    #: whether Redis answers the fetchers (one "reachable again" an outage)
+    outage: Outage = field(default_factory=Outage)
 
     def local_lease(self) -> float:
         """Seconds a claim or heartbeat keeps a handler running."""
@@ -408,6 +437,8 @@ class Fetcher:
             except (*REDIS_FAILURES, QueueFullError) as exc:
                 ctx.slots.give(k)
                 wait = None
+                if not isinstance(exc, QueueFullError):
+                    ctx.outage.failed()
                 # QueueFullError: Redis is out of memory and refused the
                 # claim before it ran; work in flight can still finish.
                 logger.warning("claim failed (%s); retrying in %.2fs", exc, backoff)
@@ -418,6 +449,7 @@ class Fetcher:
                 backoff = min(backoff * 2, _BACKOFF_MAX)
                 continue
             wait = None
+            ctx.outage.succeeded()
             # A batch's members come with their head, in its handler slot.
             heads = sum(not claimed.member for claimed in reply.tasks)
             ctx.slots.give(k - heads)
@@ -500,7 +532,9 @@ class Fetcher:
             return False
         except REDIS_FAILURES as exc:
             logger.warning("recovery failed (%s); retrying in %.2fs", exc, backoff)
+            ctx.outage.failed()
             return False
+        ctx.outage.succeeded()
         ctx.watch.succeeded(self._who)
         given_back = done.given_back
         ctx.outcomes.dead_elsewhere(done.dead, done.reasons)
@@ -618,6 +652,7 @@ class Fetcher:
             await asyncio.sleep(PROBE)
         else:
             logger.warning("waiting for work failed (%s)", exc)
+            self.ctx.outage.failed()
             await asyncio.sleep(_BACKOFF_FIRST)
 
     def _pause(self, backoff: float) -> float:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from .._store import scripts as _scripts
+from .._store.registry import pid_running
 from ..errors import AiogroupqError, ConfigurationError, ConsumerRunningError
 
 if TYPE_CHECKING:
@@ -97,21 +98,8 @@ class Identity:
 
 
 def _dead_here(holder: str) -> bool:
-    """True if *holder* ran on this host and its process is gone."""
-    parts = holder.split(":")
-    if len(parts) < 3 or not parts[-2].isdigit():
-        return False
-    host, pid = ":".join(parts[:-2]), int(parts[-2])
-    if host != socket.gethostname():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False  # alive, another user's
-    try:  # a killed child its parent has not reaped yet is a zombie: dead
-        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
-            return stat.read().rpartition(")")[2].split()[0] == "Z"
-    except (OSError, IndexError):
-        return False
+    """True if *holder* (``host:pid:token``) ran on this host and its
+    process is gone."""
+    host_pid = holder.rpartition(":")[0]
+    host, _, pid = host_pid.rpartition(":")
+    return pid.isdigit() and pid_running(host, int(pid)) is False

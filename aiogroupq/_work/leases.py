@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -88,6 +89,10 @@ class LeaseKeeper:
         self._replication = replication
         self._running = running
         self._counters = counters
+        # This run of the consumer, told apart from an earlier run of its
+        # name in the same host and pid (a container restarted as pid 1, a
+        # Consumer entered again): heartbeat.lua starts its uptime anew.
+        self._incarnation = secrets.token_hex(8)
         # Every name is held while its consumer runs, a generated one too:
         # else a consumer named (by mistake or malice) like a live one would
         # take over its running tasks at start, and a group would run twice.
@@ -164,6 +169,7 @@ class LeaseKeeper:
         return [
             ("host", self._host),
             ("pid", os.getpid()),
+            ("i", self._incarnation),
             ("c", self._concurrency),
             ("n", in_flight),
             *self._counters.items(),

