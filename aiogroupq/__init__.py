@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import logging
 
-from ._inspect.check import check_queue as check_queue
+from ._check.check import check_queue as check_queue
+from ._check.problems import Problem as Problem
+from ._check.repair import Repair as Repair, repair_queue as repair_queue
 from ._inspect.estimate import StartEstimate as StartEstimate
-from ._inspect.problems import Problem as Problem
-from ._inspect.repair import Repair as Repair, repair_queue as repair_queue
 from ._inspect.views import (
     ConsumerInfo as ConsumerInfo,
     ConsumerStats as ConsumerStats,
@@ -22,6 +22,11 @@ from ._inspect.views import (
     QueueStats as QueueStats,
     TaskDetails as TaskDetails,
 )
+from ._store.settings import (
+    GroupSettings as GroupSettings,
+    QueueSettings as QueueSettings,
+    Rate as Rate,
+)
 from ._telemetry.events import (
     EventKind as EventKind,
     Observer as Observer,
@@ -29,12 +34,7 @@ from ._telemetry.events import (
 )
 from ._work.handlers import Handler as Handler
 from ._work.schedule import Schedule as Schedule
-from .admin import (
-    Admin as Admin,
-    GroupSettings as GroupSettings,
-    QueueSettings as QueueSettings,
-    Rate as Rate,
-)
+from .admin import Admin as Admin
 from .consumer import Consumer as Consumer
 from .errors import (
     AiogroupqError as AiogroupqError,

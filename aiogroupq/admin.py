@@ -17,10 +17,8 @@ __all__ = (
 )
 
 import functools
-import math
 from collections.abc import AsyncGenerator, Callable, Coroutine
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import (
     TYPE_CHECKING,
@@ -40,8 +38,7 @@ from ._inspect import (
     aggregate as _aggregate,
     consumers as _consumers,
     estimate as _estimate,
-    reads as _observe,
-    repartition as _repartition,
+    reads as _reads,
 )
 from ._inspect.refusals import view_refusal
 from ._inspect.views import (
@@ -52,10 +49,16 @@ from ._inspect.views import (
     QueueStats,
     TaskDetails,
 )
-from ._store import group_ops as _group_ops, scripts as _scripts, validate as _validate
+from ._limits import DEFAULT_RETENTION, START_WINDOW
+from ._store import (
+    group_ops as _group_ops,
+    repartition as _repartition,
+    scripts as _scripts,
+    settings as _settings,
+    validate as _validate,
+)
 from ._store.codec import dead_letter
 from ._store.connection import RedisLike, open_client
-from ._store.defaults import DEFAULT_RETENTION, START_WINDOW
 from ._store.failures import unavailable_as_error
 from ._store.fanout import (
     by_partition,
@@ -67,6 +70,7 @@ from ._store.handle import QueueHandle
 from ._store.layout import UNREADABLE, refresh
 from ._store.queries import dead_ids
 from ._store.server_checks import check_server
+from ._store.settings import Fairness, GroupSettings, Ordering, QueueSettings, Rate
 from ._store.wrongtype import corrupt_key, is_wrong_type
 from .errors import ConfigurationError, InvalidGroupError, TaskNotFoundError
 
@@ -76,96 +80,11 @@ if TYPE_CHECKING:
     from ._store.partition import Partitions
     from .task import DeadLetter
 
-#: most slots a group may have
-MAX_CONCURRENCY: Final = 10_000
-#: highest weight of a group (its turns a round under backlog)
-MAX_WEIGHT: Final = 100
 #: groups refilled per script call after the queue's defaults change
 _REFILL_BATCH: Final = 500
 #: most groups one :meth:`Admin.groups` page holds
 MAX_PAGE: Final = 100
 _SORTS: Final = ("busiest", "oldest", "halted", "paused")
-
-Fairness = Literal["round_robin", "drain"]
-Ordering = Literal["strict", "exclusive"]
-
-
-@dataclass(frozen=True, slots=True)
-class Rate:
-    """At most *limit* task starts of a group in any window of *period*
-    seconds (a sliding window on the Redis server's clock).
-
-    :param limit: starts per window, >= 1
-    :param period: the window, in seconds (or a timedelta), at least 1 ms
-    :raises ConfigurationError: for a limit or period out of range
-    """
-
-    limit: int
-    period: float | timedelta
-
-    def __post_init__(self) -> None:
-        if isinstance(self.limit, bool) or not isinstance(self.limit, int):
-            raise ConfigurationError(f"Rate limit must be an int, got {self.limit!r}")
-        if self.limit < 1:
-            raise ConfigurationError(
-                f"Rate limit must be >= 1 (pass rate=False for none), got {self.limit}"
-            )
-        _validate.setting_seconds("Rate period", self.period, minimum=0.001)
-
-    @property
-    def period_ms(self) -> int:
-        """The window in whole milliseconds (rounded up)."""
-        period = self.period
-        seconds = period.total_seconds() if isinstance(period, timedelta) else period
-        return math.ceil(seconds * 1000)
-
-
-@dataclass(frozen=True, slots=True)
-class GroupSettings:
-    """A group's own settings (``None``: the queue's default applies).
-
-    :ivar concurrency: tasks of the group that may run at once
-    :ivar rate: its rate limit; ``False``: none, whatever the queue's default
-    :ivar max_size: most live (queued, delayed or running) tasks it may hold
-    :ivar priority: priority of its tasks that are enqueued without one
-    :ivar paused: whether it starts nothing new
-    :ivar weight: its share of starts under backlog, relative to other
-        groups' weights
-    :ivar ordering: ``"exclusive"``: a task waiting out a retry's backoff
-        lets later tasks of the group run meanwhile; ``None``: strict
-    """
-
-    concurrency: int | None = None
-    rate: Rate | Literal[False] | None = None
-    max_size: int | None = None
-    priority: int | None = None
-    paused: bool = False
-    weight: int | None = None
-    ordering: Ordering | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class QueueSettings:
-    """A queue's settings.
-
-    :ivar fairness: ``"round_robin"``: a group whose task ends waits behind
-        every group already waiting before its next task runs; ``"drain"``:
-        its next task runs first (finishes one group's backlog before others)
-    :ivar group_concurrency: the concurrency of groups without their own
-    :ivar group_rate: the rate limit of groups without their own, or None
-    :ivar priority_aging: seconds per priority level after which a waiting
-        task counts as one level higher (None: strict priorities)
-    :ivar paused: whether the whole queue starts nothing new
-    :ivar group_weight: the weight of groups without their own
-    """
-
-    fairness: Fairness = "round_robin"
-    group_concurrency: int = 1
-    group_rate: Rate | None = None
-    priority_aging: float | None = None
-    paused: bool = False
-    group_weight: int = 1
-
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -279,7 +198,7 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
         :raises ConfigurationError: for a bad setting
         """
         name = _group_name(group)
-        fields = _group_fields(
+        fields = _settings.group_fields(
             concurrency=concurrency,
             rate=rate,
             max_size=max_size,
@@ -317,37 +236,14 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
         :raises ConfigurationError: for a bad setting, or none given
         """
         name = _group_name(group)
-        given = [
-            param
-            for param, value in (
-                ("concurrency", concurrency),
-                ("rate", rate),
-                ("max_size", max_size),
-                ("priority", priority),
-                ("weight", weight),
-                ("ordering", ordering),
-            )
-            if not (isinstance(value, str) and value == _KEEP)
-        ]
-        if not given:
-            raise ConfigurationError(
-                "update_group got no setting to change: name at least one "
-                "(None puts it back to the queue's default)"
-            )
-        fields = _group_fields(
-            concurrency=None if concurrency == _KEEP else concurrency,
-            rate=None if rate == _KEEP else rate,
-            max_size=None if max_size == _KEEP else max_size,
-            priority=None if priority == _KEEP else priority,
-            weight=None if weight == _KEEP else weight,
-            ordering=None if ordering == _KEEP else ordering,
+        args = _settings.update_args(
+            concurrency=concurrency,
+            rate=rate,
+            max_size=max_size,
+            priority=priority,
+            weight=weight,
+            ordering=ordering,
         )
-        args = [
-            item
-            for param in given
-            for field in _STORED_AS[param]
-            for item in (field, fields[field])
-        ]
         for keys in (await self._current()).of_group(name):
             await _scripts.control(self._open_client(), keys, "update", name, *args)
 
@@ -374,18 +270,7 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
         fields = await self._hash_fields(
             keys.group_conf(name), f"the settings of group {name!r} cannot be read"
         )
-        rate: Rate | Literal[False] | None = None
-        if "rn" in fields:
-            rate = _read_rate(fields["rn"], fields.get("rp")) or False
-        return GroupSettings(
-            concurrency=_int_or_none(fields.get("c")),
-            rate=rate,
-            max_size=_int_or_none(fields.get("mx")),
-            priority=_int_or_none(fields.get("pr")),
-            paused=fields.get("p") == "1",
-            weight=_int_or_none(fields.get("wt")),
-            ordering="exclusive" if fields.get("o") == "exclusive" else None,
-        )
+        return _settings.group_settings_of(fields)
 
     @unavailable_as_error
     async def pause_group(self, group: str) -> None:
@@ -451,36 +336,17 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
             (see :meth:`set_group`); with ``"drain"`` weights change nothing
         :raises ConfigurationError: for a bad setting
         """
-        if fairness not in ("round_robin", "drain"):
-            raise ConfigurationError(
-                f"fairness must be 'round_robin' or 'drain', got {fairness!r}"
-            )
-        _check_int("group_concurrency", group_concurrency, 1, MAX_CONCURRENCY)
-        _check_int("group_weight", group_weight, 1, MAX_WEIGHT)
-        rn, rp = _rate_args(group_rate, allow_false=False)
-        aging = (
-            ""
-            if priority_aging is None
-            else _validate.to_ms(
-                _validate.setting_seconds(
-                    "priority_aging", priority_aging, minimum=0.001
-                )
-            )
+        args = _settings.queue_args(
+            fairness=fairness,
+            group_concurrency=group_concurrency,
+            group_rate=group_rate,
+            priority_aging=priority_aging,
+            group_weight=group_weight,
         )
         client = self._open_client()
 
         async def apply(keys: QueueKeys) -> None:
-            await _scripts.control(
-                client,
-                keys,
-                "queue",
-                "drain" if fairness == "drain" else "",
-                "" if group_concurrency == 1 else group_concurrency,
-                rn,
-                rp,
-                aging,
-                "" if group_weight == 1 else group_weight,
-            )
+            await _scripts.control(client, keys, "queue", *args)
             # A raised default concurrency frees slots of groups with a line.
             start = 0
             while groups := await client.zrange(
@@ -498,18 +364,7 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
         :raises CorruptQueueError: if its ``conf`` hash holds another type
         """
         fields = await self._hash_fields(self._keys.conf, UNREADABLE)
-        aging = _int_or_none(fields.get("age"))
-        group_rate = None
-        if "rn" in fields:
-            group_rate = _read_rate(fields["rn"], fields.get("rp"))
-        return QueueSettings(
-            fairness="drain" if fields.get("fair") == "drain" else "round_robin",
-            group_concurrency=_int_or_none(fields.get("c")) or 1,
-            group_rate=group_rate,
-            priority_aging=None if aging is None else aging / 1000,
-            paused=fields.get("pause") == "1",
-            group_weight=_int_or_none(fields.get("wt")) or 1,
-        )
+        return _settings.queue_settings_of(fields)
 
     @unavailable_as_error
     async def pause(self) -> None:
@@ -546,7 +401,7 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
         """
         parts = await self._current()
         if not parts.partitioned:
-            return await _observe.queue_stats(self._open_client(), self._keys)
+            return await _reads.queue_stats(self._open_client(), self._keys)
         return await _aggregate.queue_stats(self._open_client(), parts)
 
     @unavailable_as_error
@@ -581,11 +436,11 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
         """
         if sort not in _SORTS:
             raise ConfigurationError(f"sort must be one of {_SORTS}, got {sort!r}")
-        _check_int("limit", limit, 1, MAX_PAGE)
-        _check_int("cursor", cursor, 0, 2**63 - 1)
+        _settings.check_int("limit", limit, 1, MAX_PAGE)
+        _settings.check_int("cursor", cursor, 0, 2**63 - 1)
         parts = await self._current()
         if not parts.partitioned:
-            return await _observe.group_page(
+            return await _reads.group_page(
                 self._open_client(),
                 self._keys,
                 sort,
@@ -606,7 +461,7 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
         :raises CorruptTaskError: if its stored state is not a TaskState
         """
         checked = _validate.task_id(task_id)
-        details = await _observe.task_details(
+        details = await _reads.task_details(
             self._open_client(), self._parts.of_id(checked), checked
         )
         if details is None:
@@ -686,7 +541,7 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
 
         :param limit: the most to list
         """
-        _check_int("limit", limit, 1, 100_000)
+        _settings.check_int("limit", limit, 1, 100_000)
         return await _consumers.consumer_list(
             self._open_client(), await self._current(), limit
         )
@@ -721,11 +576,10 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
             raise ConfigurationError(
                 f"name must be a consumer's name (a non-empty str), got {name!r}"
             )
-        return await _consumers.release_consumer(
-            self._open_client(),
-            await self._current(),
-            name,
-            retention_ms=round(DEFAULT_RETENTION * 1000),
+        client, parts = self._open_client(), await self._current()
+        await _consumers.check_releasable(client, parts, name)
+        return await _group_ops.release_consumer(
+            client, parts, name, retention_ms=round(DEFAULT_RETENTION * 1000)
         )
 
     # -- dead letters ---------------------------------------------------------
@@ -748,7 +602,7 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
                 f"payloads must be True or False, got {payloads!r}"
             )
         if not payloads:
-            return await _observe.dead_letters_brief(
+            return await _reads.dead_letters_brief(
                 self._open_client(), await self._current(), limit
             )
         rows = await dead_letter_rows(self._open_client(), await self._current(), limit)
@@ -935,99 +789,8 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
         return shown
 
 
-#: an :meth:`Admin.update_group` setting left as it is
-_KEEP: Final = "keep"
-#: the fields of ``gconf:<g>`` each group setting is stored in (control.lua)
-_STORED_AS: Final[dict[str, tuple[str, ...]]] = {
-    "concurrency": ("c",),
-    "rate": ("rn", "rp"),
-    "max_size": ("mx",),
-    "priority": ("pr",),
-    "weight": ("wt",),
-    "ordering": ("o",),
-}
-
-
-def _group_fields(
-    *,
-    concurrency: int | None = None,
-    rate: Rate | Literal[False] | None = None,
-    max_size: int | None = None,
-    priority: int | None = None,
-    weight: int | None = None,
-    ordering: Ordering | None = None,
-) -> dict[str, int | str]:
-    """The checked settings as control.lua stores them, field by field in
-    the order its "group" operation takes them ("": the queue's default).
-
-    :raises ConfigurationError: for a bad setting
-    """
-    if concurrency is not None:
-        _check_int("concurrency", concurrency, 1, MAX_CONCURRENCY)
-    if max_size is not None:
-        _check_int("max_size", max_size, 1, 2**53)
-    if priority is not None:
-        _check_int("priority", priority, 0, _validate.MAX_PRIORITY)
-    if weight is not None:
-        _check_int("weight", weight, 1, MAX_WEIGHT)
-    if ordering not in (None, "strict", "exclusive"):
-        raise ConfigurationError(
-            f"ordering must be 'strict' or 'exclusive', got {ordering!r}"
-        )
-    rn, rp = _rate_args(rate, allow_false=True)
-    return {
-        "c": "" if concurrency is None else concurrency,
-        "rn": rn,
-        "rp": rp,
-        "mx": "" if max_size is None else max_size,
-        "pr": "" if priority is None else priority,
-        "wt": "" if weight is None else weight,
-        "o": "exclusive" if ordering == "exclusive" else "",
-    }
-
-
 def _group_name(group: object) -> str:
     name = _validate.group(group)
     if name is None:
         raise InvalidGroupError(group, "is None; name a group")
     return name
-
-
-def _check_int(name: str, value: object, low: int, high: int) -> None:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int)
-        or not low <= value <= high
-    ):
-        raise ConfigurationError(
-            f"{name} must be an int from {low} to {high}, got {value!r}"
-        )
-
-
-def _rate_args(
-    rate: Rate | Literal[False] | None, *, allow_false: bool
-) -> tuple[int | str, int | str]:
-    if rate is None:
-        return "", ""
-    if rate is False and allow_false:
-        return 0, 1  # rn 0: no limit
-    if not isinstance(rate, Rate):
-        raise ConfigurationError(
-            f"rate must be an aiogroupq.Rate{', False' if allow_false else ''} "
-            f"or None, got {rate!r}"
-        )
-    return rate.limit, rate.period_ms
-
-
-def _read_rate(rn: str, rp: str | None) -> Rate | None:
-    limit, period = _int_or_none(rn), _int_or_none(rp)
-    if not limit or not period:
-        return None
-    return Rate(limit, period / 1000)
-
-
-def _int_or_none(value: str | None) -> int | None:
-    try:
-        return None if value is None else int(value)
-    except ValueError:
-        return None

@@ -28,9 +28,9 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
 from ._inspect.views import ConsumerStats
+from ._limits import DEFAULT_MAX_PAYLOAD_BYTES
 from ._store import layout as _layout, validate as _validate
 from ._store.connection import Client, RedisLike, open_client
-from ._store.defaults import DEFAULT_MAX_PAYLOAD_BYTES
 from ._store.failures import translated_errors
 from ._store.partition import Partitions, check_count
 from ._store.server_checks import check_replicas, check_server

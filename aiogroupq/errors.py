@@ -68,7 +68,7 @@ import math
 from datetime import timedelta
 from typing import Literal
 
-from ._store.defaults import MAX_DELAY
+from ._limits import MAX_DELAY
 
 
 class AiogroupqError(Exception):

@@ -16,6 +16,14 @@ import msgspec
 
 from ._inspect.aggregate import statuses
 from ._inspect.reads import id_list
+from ._limits import (
+    DEFAULT_DEDUP_WINDOW,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_MAX_BATCH_BYTES,
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    DEFAULT_RETENTION,
+    MAX_BATCH,
+)
 from ._store import routing as _routing, scripts as _scripts, validate as _validate
 from ._store.coalesce import Coalescer, Refusal
 from ._store.codec import EncodeFailure, decode_result, encode_payload, identity, pack
@@ -24,14 +32,6 @@ from ._store.connection import (
     open_client,
     sees_every_try,
     socket_timeout,
-)
-from ._store.defaults import (
-    DEFAULT_DEDUP_WINDOW,
-    DEFAULT_MAX_ATTEMPTS,
-    DEFAULT_MAX_BATCH_BYTES,
-    DEFAULT_MAX_PAYLOAD_BYTES,
-    DEFAULT_RETENTION,
-    MAX_BATCH,
 )
 from ._store.failures import outcome_of, unavailable_as_error
 from ._store.handle import QueueHandle

@@ -18,7 +18,7 @@ import anyio
 import redis.asyncio
 
 import aiogroupq
-from aiogroupq._inspect import (
+from aiogroupq._check import (
     check as _fsck,
     problems as problem_kinds,
     snapshot as _snapshot,

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis.asyncio
 
-from aiogroupq._inspect import check as _fsck
+from aiogroupq._check import check as _fsck
 from aiogroupq._store import scripts as _scripts
 from aiogroupq._store.keys import QueueKeys
 
@@ -225,7 +225,7 @@ async def dump(client: redis.asyncio.Redis) -> dict[str, Any]:
 
 
 async def assert_consistent(client: redis.asyncio.Redis) -> None:
-    """The queue's keys keep every invariant (see :mod:`aiogroupq._inspect.check`)."""
+    """The queue's keys keep every invariant (see :mod:`aiogroupq._check.check`)."""
     assert (await _fsck.examine(client, KEYS)).problems == []
 
 

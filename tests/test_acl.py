@@ -69,15 +69,17 @@ NOT_COMMANDS |= {"initialize"}
 # Modules outside what producers and consumers run (the consistency check,
 # the demo and its embedded server).
 OPERATOR_MODULES = {
-    "_inspect/check.py",
+    "_check/check.py",
+    "_check/confirm.py",
+    "_check/starts.py",
     "_cli/demo.py",
     "_embedded.py",
-    "_inspect/repair.py",
-    "_inspect/conf_rebuild.py",
-    "_inspect/snapshot.py",
+    "_check/repair.py",
+    "_check/conf_rebuild.py",
+    "_check/snapshot.py",
     "_cli/ops.py",
     "_inspect/aggregate.py",
-    "_inspect/repartition.py",
+    "_store/repartition.py",
     "_inspect/reads.py",  # the views: their add-on rule in docs/operations.md
     "_inspect/consumers.py",  # the views: their add-on rule in docs/operations.md
     "_inspect/estimate.py",  # Admin.estimate, a view: the same add-on rule

@@ -11,7 +11,7 @@ import pytest
 import redis.asyncio
 
 import aiogroupq
-from aiogroupq._store.defaults import DEFAULT_MAX_BATCH_BYTES, DEFAULT_MAX_PAYLOAD_BYTES
+from aiogroupq._limits import DEFAULT_MAX_BATCH_BYTES, DEFAULT_MAX_PAYLOAD_BYTES
 
 QUEUE = "batchbytes"
 #: a payload just within the default max_payload_bytes once encoded

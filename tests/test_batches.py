@@ -807,7 +807,7 @@ async def test_a_failed_finish_call_keeps_the_line_order(
     re-sent ahead of the rest, the members line up in their order."""
     from aiogroupq._work import finisher as _finisher
 
-    monkeypatch.setattr(_finisher, "MAX_BATCH", 2)
+    monkeypatch.setattr(_finisher, "MAX_OUTCOMES_PER_CALL", 2)
     finish_ = _scripts.finish
     failed: list[list[str]] = []
 

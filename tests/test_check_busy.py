@@ -18,8 +18,8 @@ import pytest
 import redis.asyncio
 
 import aiogroupq
-from aiogroupq._inspect import check as _fsck, problems as problem_kinds
-from aiogroupq._inspect.repair import repair_partitions
+from aiogroupq._check import check as _fsck, problems as problem_kinds
+from aiogroupq._check.repair import repair_partitions
 from aiogroupq._store.keys import QueueKeys
 
 QUEUE = "busy"

@@ -21,9 +21,9 @@ import redis.asyncio
 
 import aiogroupq
 from aiogroupq import CorruptQueueError
-from aiogroupq._inspect import problems as problem_kinds
-from aiogroupq._inspect.check import check_queue
-from aiogroupq._inspect.repair import repair_queue
+from aiogroupq._check import problems as problem_kinds
+from aiogroupq._check.check import check_queue
+from aiogroupq._check.repair import repair_queue
 from aiogroupq._store.keys import QueueKeys
 from aiogroupq.testing import drain
 

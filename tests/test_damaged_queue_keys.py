@@ -19,7 +19,7 @@ import pytest
 import redis.asyncio
 
 import aiogroupq
-from aiogroupq._inspect import check as _fsck, problems as problem_kinds
+from aiogroupq._check import check as _fsck, problems as problem_kinds
 from aiogroupq._store import scripts as _scripts
 
 from . import _damage

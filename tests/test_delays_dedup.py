@@ -12,7 +12,7 @@ import pytest
 import redis.asyncio
 
 import aiogroupq
-from aiogroupq._store.defaults import MAX_DELAY
+from aiogroupq._limits import MAX_DELAY
 from aiogroupq._store.keys import QueueKeys
 
 QUEUE = "delays"

@@ -12,8 +12,9 @@ from typing import Any
 import redis.asyncio
 
 import aiogroupq
-from aiogroupq._inspect import estimate as _estimate, problems as problem_kinds
-from aiogroupq._inspect.repair import repair_queue
+from aiogroupq._check import problems as problem_kinds
+from aiogroupq._check.repair import repair_queue
+from aiogroupq._limits import STARTS_MOST
 from aiogroupq._store import scripts as _scripts
 from aiogroupq._store.keys import QueueKeys
 
@@ -62,7 +63,7 @@ async def test_a_claim_does_bounded_work_on_a_stuffed_counter(
     removed = before + 1 - after  # + the second the claim counted in
     print(f"one claim removed {removed} of {STUFFED} stuffed fields")  # noqa: T201
     # The claim used to read and delete all 200,000 in one script.
-    assert 0 <= removed <= _estimate.STARTS_MOST, removed
+    assert 0 <= removed <= STARTS_MOST, removed
     raw: Any = await redis_client.hgetall(keys.starts)
     assert sum(1 for k in raw if int(k) >= now_s) == 1  # its own second counted
 
@@ -76,7 +77,7 @@ async def test_a_claim_still_sweeps_the_few_fields_claims_leave(
     keys = QueueKeys(queue)
     _, task_id = await _start_counting(redis_client, queue)
     (now_s, _) = await redis_client.time()
-    await _stuff(redis_client, keys.starts, now_s, _estimate.STARTS_MOST - 10)
+    await _stuff(redis_client, keys.starts, now_s, STARTS_MOST - 10)
     await redis_client.hset(keys.starts, str(now_s + 3600), "5")  # clock set back
     reply = await _scripts.claim(
         redis_client, keys, "c1", k=1, lease_ms=60_000, scan_limit=50

@@ -12,7 +12,7 @@ import pytest
 import redis.asyncio
 
 import aiogroupq
-from aiogroupq._inspect import check as _fsck
+from aiogroupq._check import check as _fsck
 from aiogroupq._store import scripts as _scripts
 from aiogroupq._store.keys import QueueKeys
 from aiogroupq.errors import ConfigurationError

@@ -5,6 +5,7 @@ import that breaks the plan fails here rather than in a reader's head."""
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -116,23 +117,32 @@ def _offenders(wing: str, forbidden: set[str]) -> list[str]:
     )
 
 
+WINGS = frozenset(
+    {"aiogroupq._store", "aiogroupq._work", "aiogroupq._telemetry",
+     "aiogroupq._inspect", "aiogroupq._check"}
+)  # fmt: skip
+FRONT = frozenset({"aiogroupq._cli", "aiogroupq._dashboard", "aiogroupq.testing"})
+
+
 @pytest.mark.parametrize(
     ("wing", "forbidden"),
     [
         # Redis, Lua and partitions know nothing of who uses them.
-        ("aiogroupq._store", {*ROLES, "aiogroupq._work", "aiogroupq._inspect",
-                              "aiogroupq._cli", "aiogroupq._telemetry",
-                              "aiogroupq._dashboard", "aiogroupq.testing"}),
+        ("aiogroupq._store", {*ROLES, *WINGS - {"aiogroupq._store"}, *FRONT}),
         # The consumer's machinery is wired by the consumer, never the reverse.
-        ("aiogroupq._work", {*ROLES, "aiogroupq._inspect", "aiogroupq._cli",
-                             "aiogroupq._dashboard"}),
-        ("aiogroupq._inspect", {*ROLES, "aiogroupq._cli", "aiogroupq._dashboard"}),
-        ("aiogroupq._telemetry", {*ROLES, "aiogroupq._cli", "aiogroupq._inspect",
-                                  "aiogroupq._dashboard"}),
+        ("aiogroupq._work", {*ROLES, "aiogroupq._inspect", "aiogroupq._check",
+                             *FRONT}),
+        # Events and logs: every role and wing may use them.
+        ("aiogroupq._telemetry", {*ROLES, *WINGS - {"aiogroupq._telemetry",
+                                                    "aiogroupq._store"}, *FRONT}),
+        # The read-only views and the check stand on _store alone.
+        ("aiogroupq._inspect", {*ROLES, *WINGS - {"aiogroupq._inspect",
+                                                  "aiogroupq._store"}, *FRONT}),
+        ("aiogroupq._check", {*ROLES, *WINGS - {"aiogroupq._check",
+                                                "aiogroupq._store"}, *FRONT}),
         # Each role stands on the wings, never on another role.
         *(
-            (role, {*ROLES - {role}, "aiogroupq._cli", "aiogroupq._dashboard",
-                    "aiogroupq.testing"})
+            (role, {*ROLES - {role}, *FRONT})
             for role in sorted(ROLES)
         ),
     ],
@@ -151,3 +161,104 @@ def test_nothing_in_the_library_imports_the_command_line() -> None:
         and any(_wing(t) == "aiogroupq._cli" for t in targets)
     )
     assert users == []
+
+
+def _defined_names(path: Path) -> Iterator[tuple[str, ast.expr | None]]:
+    """The module-level names *path* assigns, with the value assigned."""
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            yield node.target.id, node.value
+        elif isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    yield target.id, node.value
+
+
+def _private_names_across_wings() -> list[str]:
+    """``from <another wing> import _name``: a private name used where its
+    wing cannot see (dunders such as ``__version__`` aside)."""
+    known = _modules()
+    found = []
+    for name, path in known.items():
+        here = name.split(".") if _is_package(path) else name.split(".")[:-1]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                base = here[: len(here) - node.level + 1]
+                source = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                source = node.module or ""
+            if source not in known or _wing(source) == _wing(name):
+                continue
+            found += [
+                f"{name} imports {source}.{alias.name}"
+                for alias in node.names
+                if alias.name.startswith("_")
+                and not alias.name.startswith("__")
+                and f"{source}.{alias.name}" not in known
+            ]
+    return sorted(found)
+
+
+def test_no_private_name_is_imported_across_wings() -> None:
+    assert _private_names_across_wings() == []
+
+
+_LIMIT = re.compile(r"_?(MAX|DEFAULT)_[A-Z0-9_]+")
+
+
+def _limits_defined() -> dict[str, list[str]]:
+    """Every module-level ``MAX_*``/``DEFAULT_*`` constant (a leading ``_``
+    ignored), with the modules that define it; one assigned another such
+    name (a second name for one fact) is listed under that name too."""
+    where: dict[str, list[str]] = {}
+    for module, path in sorted(_modules().items()):
+        for name, value in _defined_names(path):
+            if not _LIMIT.fullmatch(name):
+                continue
+            where.setdefault(name.lstrip("_"), []).append(module)
+            if isinstance(value, ast.Name) and _LIMIT.fullmatch(value.id):
+                where.setdefault(value.id.lstrip("_"), []).append(f"{module}.{name}")
+    return where
+
+
+def test_each_cap_and_default_is_defined_once() -> None:
+    assert "DEFAULT_MAX_PAYLOAD_BYTES" in _limits_defined()  # the parser works
+    twice = {name: at for name, at in _limits_defined().items() if len(at) > 1}
+    assert twice == {}
+
+
+#: most lines of a module; a role (a façade over the wings) may have a little more
+MAX_MODULE_LINES = 750
+MAX_ROLE_LINES = 800
+
+
+def test_no_module_is_too_long() -> None:
+    too_long = {
+        name: lines
+        for name, path in _modules().items()
+        if (lines := len(path.read_text(encoding="utf-8").splitlines()))
+        > (MAX_ROLE_LINES if name in ROLES else MAX_MODULE_LINES)
+    }
+    assert too_long == {}
+
+
+def _private_wings() -> dict[str, Path]:
+    return {
+        name: path
+        for name, path in _modules().items()
+        if _is_package(path) and name.count(".") == 1 and name.split(".")[1][0] == "_"
+    }
+
+
+def test_each_wing_states_its_charter() -> None:
+    wings = _private_wings()
+    assert "aiogroupq._store" in wings
+    vague = {}
+    for name, path in wings.items():
+        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+        lines = doc.strip().splitlines()
+        if not 2 <= len(lines) <= 3 or "placeholder" in doc.lower():
+            vague[name] = doc
+    assert vague == {}

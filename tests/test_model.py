@@ -61,7 +61,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from aiogroupq._inspect import check as _fsck
+from aiogroupq._check import check as _fsck
 from aiogroupq._store import scripts as _scripts
 from aiogroupq._store.keys import QueueKeys
 from aiogroupq._store.replies import CancelCode, FinishCode

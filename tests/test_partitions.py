@@ -18,7 +18,7 @@ import redis.asyncio
 
 import aiogroupq
 from aiogroupq import ConfigurationError, Producer, Task, TaskState
-from aiogroupq._inspect import problems as problem_kinds
+from aiogroupq._check import problems as problem_kinds
 from aiogroupq._store import scripts as _scripts
 from aiogroupq._store.keys import QueueKeys, id_partition
 from aiogroupq._store.partition import Partitions

@@ -649,7 +649,7 @@ async def test_task_carries_enqueue_fields() -> None:
 async def test_enqueue_many_over_the_batch_limit_is_refused_before_any_io(
     producer: Producer, redis_client: redis.asyncio.Redis
 ) -> None:
-    from aiogroupq._store.defaults import MAX_BATCH
+    from aiogroupq._limits import MAX_BATCH
 
     too_many = [aiogroupq.Task("t", n, group=f"g{n % 7}") for n in range(MAX_BATCH + 1)]
     with pytest.raises(aiogroupq.BatchTooLargeError) as info:

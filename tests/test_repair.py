@@ -15,7 +15,7 @@ import pytest
 import redis.asyncio
 
 import aiogroupq
-from aiogroupq._inspect import (
+from aiogroupq._check import (
     check as _fsck,
     problems as problem_kinds,
     repair as _repair,

@@ -18,7 +18,7 @@ import redis.asyncio
 from hypothesis import given, settings
 
 import aiogroupq
-from aiogroupq._inspect.check import examine
+from aiogroupq._check.check import examine
 from aiogroupq._store.codec import unpack
 from aiogroupq._store.keys import QueueKeys
 from aiogroupq._store.partition import Partitions

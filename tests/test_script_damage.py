@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import redis.asyncio
 
-from aiogroupq._inspect import (
+from aiogroupq._check import (
     check as _fsck,
     problems as problem_kinds,
     snapshot as _snapshot,

@@ -22,7 +22,7 @@ import redis.asyncio
 
 import aiogroupq
 from aiogroupq import GroupState, TaskState
-from aiogroupq._inspect import check as _fsck
+from aiogroupq._check import check as _fsck
 from aiogroupq._store import scripts as _scripts
 from aiogroupq._store.keys import QueueKeys
 from aiogroupq._store.replies import FinishCode, HeartbeatCode

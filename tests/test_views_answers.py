@@ -26,7 +26,8 @@ import redis.asyncio
 
 import aiogroupq
 from aiogroupq import GroupState, TaskState
-from aiogroupq._inspect import check as _fsck, render
+from aiogroupq._check import check as _fsck
+from aiogroupq._inspect import render
 from aiogroupq._inspect.views import GroupInfo, span_text
 from aiogroupq._store import scripts as _scripts
 from aiogroupq._store.codec import encode_payload

@@ -23,12 +23,12 @@ import redis.asyncio
 import redis.exceptions
 
 import aiogroupq
-from aiogroupq._inspect import (
+from aiogroupq._check import (
     check as _fsck,
     problems as problem_kinds,
-    render,
     repair as _repair,
 )
+from aiogroupq._inspect import render
 from aiogroupq._store import scripts as _scripts
 from aiogroupq._store.keys import QueueKeys
 from aiogroupq.dashboard import create_app

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 
 from .. import __version__
-from .._store.defaults import DEFAULT_MAX_PAYLOAD_BYTES as DEFAULT_MAX_PAYLOAD
+from .._limits import DEFAULT_MAX_PAYLOAD_BYTES
 from . import (
     dashboard as _cli_dashboard,
     ops_args as _cli_ops_args,
@@ -190,7 +190,7 @@ def _add_check(commands: Commands) -> None:
     check.add_argument(
         "--max-payload-bytes",
         type=_positive_int,
-        default=DEFAULT_MAX_PAYLOAD,
+        default=DEFAULT_MAX_PAYLOAD_BYTES,
         help="the consumers' max_payload_bytes: live tasks over it are "
         "reported (default %(default)s)",
     )

@@ -31,9 +31,9 @@ import traceback
 
 import anyio
 
-from .._inspect.check import examine, similar_queues
+from .._check.check import examine, similar_queues
+from .._check.repair import repair_partitions
 from .._inspect.printable import json_printable, printable
-from .._inspect.repair import repair_partitions
 from .._store.connection import safe_url
 from .._store.keys import QueueKeys
 from .._telemetry.log import LogFormat, configure as configure_logging

@@ -31,16 +31,17 @@ from typing import Any, Final
 
 import anyio
 
-from .._inspect import render as show, views as _views
+from .._inspect import render as _render, views as _views
+from .._limits import DEFAULT_RETENTION
 from .._store import layout as _layout, scripts as _scripts
 from .._store.connection import Client, open_client
-from .._store.defaults import DEFAULT_RETENTION
 from .._store.failures import unavailable_as_error
 from .._store.fanout import by_partition, requeue_dead
 from .._store.keys import QueueKeys
 from .._store.partition import Partitions
 from .._store.replies import CancelCode
-from ..admin import MAX_PAGE, Admin, GroupSettings
+from .._store.settings import GroupSettings
+from ..admin import MAX_PAGE, Admin
 from ..errors import AiogroupqError, ConsumerRunningError, TaskNotFoundError
 from ..producer import Producer
 from .ops_args import QUEUE_ENV
@@ -176,7 +177,7 @@ async def _stats(
     while True:
         stats = await admin.stats()
         if args.json:
-            say(show.to_json(stats, pretty=not args.watch), flush=True)
+            say(_render.to_json(stats, pretty=not args.watch), flush=True)
         if not stats.exists:
             raise _missing(args)
         if not args.json:
@@ -191,7 +192,7 @@ async def _stats(
                 say("\x1b[H\x1b[2J", end="", raw=True)  # clear the terminal
             elif shown:
                 say()
-            say(show.render_stats(stats, rates), flush=True)
+            say(_render.render_stats(stats, rates), flush=True)
         shown += 1
         previous = stats
         if not args.watch or (args.count is not None and shown >= args.count):
@@ -210,7 +211,7 @@ async def _groups(
     if not page.groups and args.cursor == 0:
         await _require_queue(admin, args)
     if args.json:
-        say(show.to_json(page))
+        say(_render.to_json(page))
         return
     if not page.groups:
         say(
@@ -219,7 +220,7 @@ async def _groups(
             else "no group has a line"
         )
     else:
-        say(show.table(show.GROUP_HEADERS, map(show.group_row, page.groups)))
+        say(_render.table(_render.GROUP_HEADERS, map(_render.group_row, page.groups)))
     if page.next_cursor is not None:
         say(f"next page: --cursor {page.next_cursor}")
 
@@ -231,9 +232,9 @@ async def _group(
     if not await _group_exists(admin, info):
         await _require_queue(admin, args)
         if args.json:  # the view still, as ``stats --json`` prints one
-            say(show.to_json(info))
+            say(_render.to_json(info))
         raise _no_group(args)
-    say(show.to_json(info) if args.json else show.render_group(info))
+    say(_render.to_json(info) if args.json else _render.render_group(info))
 
 
 async def _task(
@@ -242,11 +243,11 @@ async def _task(
     details = await _task_details(args, admin)
     # A waiting task's start estimate, where the queue's start counter is
     # on (the page only reads: Admin.estimate() switches it on).
-    estimate = await show.estimate_of(admin._explain_estimate, details)
+    estimate = await _render.estimate_of(admin._explain_estimate, details)
     if args.json:
-        say(show.task_json(details, estimate))
+        say(_render.task_json(details, estimate))
     else:
-        say(show.render_task(details, estimate))
+        say(_render.render_task(details, estimate))
 
 
 async def _task_details(args: argparse.Namespace, admin: Admin) -> _views.TaskDetails:
@@ -268,12 +269,12 @@ async def _consumers(
     if not found:
         await _require_queue(admin, args)
     if args.json:
-        say(show.to_json(found))
+        say(_render.to_json(found))
     elif not found:
         say("no consumer is registered")
     else:
         now = (await admin.stats()).now
-        say(show.table(show.CONSUMER_HEADERS, show.consumer_rows(now, found)))
+        say(_render.table(_render.CONSUMER_HEADERS, _render.consumer_rows(now, found)))
 
 
 # -- dead letters ----------------------------------------------------------------
@@ -287,20 +288,20 @@ async def _dead(
         if not letters:
             await _require_queue(admin, args)
         if args.json:
-            say(show.to_json(letters))
+            say(_render.to_json(letters))
             return
         stats = await admin.stats()
         if not letters:
             say("no dead letters")
             return
-        say(show.table(show.DEAD_HEADERS, show.dead_rows(stats.now, letters)))
+        say(_render.table(_render.DEAD_HEADERS, _render.dead_rows(stats.now, letters)))
         if stats.dead > len(letters):
-            say(f"({show.count(stats.dead - len(letters))} more: --limit)")
+            say(f"({_render.count(stats.dead - len(letters))} more: --limit)")
     elif args.action == "show":
         details = await _task_details(args, admin)
         if details.state != "dead":
             raise _Failed(f"task {args.task_id!r} is not dead: it is {details.state}")
-        say(show.to_json(details) if args.json else show.render_task(details))
+        say(_render.to_json(details) if args.json else _render.render_task(details))
     else:
         await _act_on_dead(args, client, admin)
 
@@ -321,7 +322,7 @@ async def _act_on_dead(args: argparse.Namespace, client: Client, admin: Admin) -
             raise _Failed(
                 f"group {args.group!r} has no dead letters in queue {args.queue!r}"
             )
-        say(f"purged {show.count(done)} dead letters of group {args.group!r}")
+        say(f"purged {_render.count(done)} dead letters of group {args.group!r}")
         return
     if bool(args.ids) == args.all:
         raise _Usage(f"give task ids or --all (not both) to {op}")
@@ -340,13 +341,13 @@ async def _act_on_dead(args: argparse.Namespace, client: Client, admin: Admin) -
         dead, not_dead = await _sorted_out(client, parts, ids)
         # Progress over the dead letters only: "requeued: 1/1" for an id
         # that was none would read as success.
-        progress = show.Progress(f"{op}d", len(dead))
+        progress = _render.Progress(f"{op}d", len(dead))
         for start in range(0, len(dead), _scripts.DEAD_BATCH):
             chunk = dead[start : start + _scripts.DEAD_BATCH]
             for keys, mine in by_partition(parts, chunk).items():
                 done += await act(keys, mine)
             progress.update(done, final=start + len(chunk) == len(dead))
-        say(f"{op}d {show.count(done)} of {_tasks(len(ids))}")
+        say(f"{op}d {_render.count(done)} of {_tasks(len(ids))}")
         if not_dead:
             states = await _states(admin, not_dead)
             raise _Failed(f"not a dead letter: {states}")
@@ -372,7 +373,7 @@ async def _act_on_dead(args: argparse.Namespace, client: Client, admin: Admin) -
         raise _missing(args)
     # Only what is dead now: a task dead-lettered meanwhile is not chased.
     until_ms = round(stats.now * 1000)
-    progress = show.Progress(f"{op}d", stats.dead)
+    progress = _render.Progress(f"{op}d", stats.dead)
     looked = 0
     for keys in parts.all():
         skipped = 0
@@ -385,7 +386,7 @@ async def _act_on_dead(args: argparse.Namespace, client: Client, admin: Admin) -
             skipped += len(ids) - acted if op == "requeue" else 0
             progress.update(looked)
     progress.update(looked, final=True)
-    say(f"{op}d {show.count(done)} dead letters")
+    say(f"{op}d {_render.count(done)} dead letters")
 
 
 async def _sorted_out(
@@ -444,7 +445,7 @@ async def _states(admin: Admin, ids: Sequence[str]) -> str:
 
 
 def _tasks(n: int) -> str:
-    return f"{show.count(n)} task{'' if n == 1 else 's'}"
+    return f"{_render.count(n)} task{'' if n == 1 else 's'}"
 
 
 async def _dead_before(
@@ -561,7 +562,7 @@ async def _resume(
 
 
 def _groups_text(n: int) -> str:
-    return "1 group is" if n == 1 else f"{show.count(n)} groups are"
+    return "1 group is" if n == 1 else f"{_render.count(n)} groups are"
 
 
 async def _cancel(

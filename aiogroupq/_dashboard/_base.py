@@ -43,7 +43,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
-from .._inspect import render as fmt
+from .._inspect import render as _render
 from .._store.connection import Client, RedisLike, check_borrowed, new_client
 from .._store.keys import QueueKeys
 from ..admin import Admin
@@ -188,14 +188,14 @@ class Dashboard:
             lstrip_blocks=True,
         )
         self.env.globals.update(
-            count=fmt.count,
-            span=fmt.span,
-            ago=fmt.ago,
-            until=fmt.until,
-            clock=fmt.clock,
-            short=fmt.short,
-            size=fmt.size_text,
-            consumer=fmt.consumer_text,
+            count=_render.count,
+            span=_render.span,
+            ago=_render.ago,
+            until=_render.until,
+            clock=_render.clock,
+            short=_render.short,
+            size=_render.size_text,
+            consumer=_render.consumer_text,
             window_text=window_text,
         )
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from .._store.connection import node_of
 from .._store.fanout import by_partition, each_partition
 from .._store.partition import MAX_PARTITIONS, Partitions
-from . import reads as _observe
+from . import reads as _reads
 from .views import GroupInfo, GroupPage, GroupSort, GroupState, QueueStats
 
 if TYPE_CHECKING:
@@ -24,7 +24,7 @@ async def queue_stats(client: Client, parts: Partitions) -> QueueStats:
     partition 0, which holds the registry."""
 
     async def one(keys: QueueKeys) -> QueueStats:
-        return await _observe.queue_stats(client, keys)
+        return await _reads.queue_stats(client, keys)
 
     each = await each_partition(parts.all(), one)
     first = each[0]
@@ -65,12 +65,12 @@ async def group_info(client: Client, parts: Partitions, group: str) -> GroupInfo
     """A group as seen now, in the partition it lives in (while it may be
     moving, the old one if it is live there, else the new one)."""
     if not parts.partitioned:  # the script counts the live consumers itself
-        return (await _observe.group_infos(client, parts.keys(0), [group]))[0]
+        return (await _reads.group_infos(client, parts.keys(0), [group]))[0]
     alive = await _alive(client, parts)
     homes = parts.of_group(group)
-    info = (await _observe.group_infos(client, homes[0], [group], alive=alive))[0]
+    info = (await _reads.group_infos(client, homes[0], [group], alive=alive))[0]
     if len(homes) > 1 and info.state == GroupState.IDLE:
-        info = (await _observe.group_infos(client, homes[1], [group], alive=alive))[0]
+        info = (await _reads.group_infos(client, homes[1], [group], alive=alive))[0]
     return info
 
 
@@ -90,7 +90,7 @@ async def group_page(
         every = parts.all()
         if partition >= len(every):
             return GroupPage((), None)
-        page = await _observe.group_page(
+        page = await _reads.group_page(
             client, every[partition], sort, inner, limit, alive=alive
         )
         following: int | None = None
@@ -124,7 +124,7 @@ async def group_page(
         by_keys.setdefault(keys, []).append(name)
     described: dict[tuple[int, str], GroupInfo] = {}
     for keys, names in by_keys.items():
-        infos = await _observe.group_infos(client, keys, names, alive=alive)
+        infos = await _reads.group_infos(client, keys, names, alive=alive)
         for name, info in zip(names, infos, strict=True):
             described[keys.partition, name] = info
     return GroupPage(
@@ -145,17 +145,17 @@ async def _alive(client: Client, parts: Partitions) -> int:
 async def statuses(
     client: Client, parts: Partitions, ids: Sequence[str]
 ) -> list[TaskState | None]:
-    """:func:`_observe.statuses` over the partitions the ids name (from the
+    """:func:`_reads.statuses` over the partitions the ids name (from the
     ids alone: a layout read before a repartition would miss new ones)."""
     groups = by_partition(parts, ids)
     if len(groups) == 1:
         ((keys, mine),) = groups.items()
-        return await _observe.statuses(client, keys, mine)
+        return await _reads.statuses(client, keys, mine)
     found: dict[str, TaskState | None] = {}
 
     async def one(keys: QueueKeys) -> None:
         mine = groups[keys]
-        states = await _observe.statuses(client, keys, mine)
+        states = await _reads.statuses(client, keys, mine)
         found.update(zip(mine, states, strict=True))
 
     await each_partition(list(groups), one)

@@ -7,9 +7,9 @@ registry's (partition 0 holds it; each other partition's is empty).
 What is known of a consumer beyond its registration is worked out here,
 read-side only (nothing of it is written): whether its heartbeat is late,
 and, for a consumer registered with this machine's host name, whether its
-process still runs (:func:`pid_running`). And :func:`release_consumer`
-hands a dead consumer's tasks back at once, as the recovery at its lease's
-end would.
+process still runs (``pid_running``). And :func:`check_releasable` says
+whether a consumer's tasks may be handed back at once (the hand-back itself,
+a write, is ``_store/group_ops.py``'s).
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ __all__ = (
     "Beat",
     "ConsumerLiveError",
     "Liveness",
+    "check_releasable",
     "consumer_from_row",
     "consumer_list",
     "discount_gone",
     "registry_beats",
-    "release_consumer",
     "release_hint",
 )
 
@@ -35,7 +35,7 @@ from .._store.fanout import each_partition
 from .._store.keys import QueueKeys
 from .._store.registry import BEATS_PER_LEASE, COUNTERS, LATE_BEATS, pid_running
 from .._store.replies import text as _text
-from .._store.scripts import CONSUMERS, RECOVER
+from .._store.scripts import CONSUMERS
 from ..errors import AiogroupqError, ConsumerRunningError
 from .raw import (
     as_int as _int,
@@ -73,7 +73,7 @@ class Liveness:
 
     @property
     def releasable(self) -> bool:
-        """Whether :func:`release_consumer` may hand its tasks back now: it
+        """Whether its tasks may be handed back now: it
         is not counted alive, or its process is known gone."""
         return not self.registered_alive or self.pid_gone
 
@@ -237,7 +237,7 @@ def discount_gone(alive: int, beats: Iterable[tuple[Beat, Liveness]]) -> int:
 
 
 class ConsumerLiveError(ConsumerRunningError):
-    """:func:`release_consumer` refused: the consumer may still run its
+    """:func:`check_releasable` refused: the consumer may still run its
     tasks (a :class:`~aiogroupq.ConsumerRunningError`).
 
     :ivar name: the consumer's name
@@ -264,15 +264,9 @@ class ConsumerLiveError(ConsumerRunningError):
         self.status = status
 
 
-async def release_consumer(
-    client: Client, parts: Partitions, name: str, *, retention_ms: int
-) -> int:
-    """Hand back the tasks *name* holds, in every partition, as the
-    recovery at its lease's end would: each to the front of its group,
-    its attempt counted (dead-lettered past its last one, cancelled if
-    that was asked). Fenced as that recovery is: its tokens no longer own
-    the tasks, so a late heartbeat, finish or top-up of the consumer is
-    refused. Return how many tasks went back.
+async def check_releasable(client: Client, parts: Partitions, name: str) -> None:
+    """Whether *name*'s tasks may be handed back now
+    (``group_ops.release_consumer`` does it): read only.
 
     :raises ConsumerLiveError: while the registry counts it alive and its
         process is not known gone; or, not registered, while a process
@@ -301,14 +295,6 @@ async def release_consumer(
     if not known.releasable:
         left = (beat.gone_at - now_ms) / 1000 if registered and beat.gone_at else None
         raise ConsumerLiveError(name, known.status, left)
-
-    async def hand_back(keys: QueueKeys) -> int:
-        reply = await RECOVER(
-            client, keys, (keys.inflight(name),), ("r", name, retention_ms)
-        )
-        return _int(reply[0])
-
-    return sum(await each_partition(parts.all(), hand_back))
 
 
 def release_hint(name: str) -> str:

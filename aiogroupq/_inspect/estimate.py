@@ -3,7 +3,7 @@ to start, from its place in line and the queue's recent start rate.
 
 The rate comes from a small rolling counter the claims keep
 (``{aiogroupq:<q>}:starts``, a field per second of server time holding that
-second's starts, the last :data:`WINDOW` seconds), never from a scan. The
+second's starts, the last :data:`STARTS_WINDOW` seconds), never from a scan. The
 claims keep it only once the queue's ``conf`` has ``est``, which the first
 estimate asked of a queue sets (on every partition), so a queue that never
 asks pays nothing; that first estimate, and any asked before a second of
@@ -40,11 +40,8 @@ from __future__ import annotations
 
 __all__ = (
     "BOUND",
-    "STARTS_MOST",
-    "WINDOW",
     "Explained",
     "StartEstimate",
-    "clear_stale_starts",
     "explain",
     "shown",
 )
@@ -58,6 +55,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from redis.exceptions import NoPermissionError, ResponseError
 
+from .._limits import STARTS_WINDOW
 from .._store.scripts import estimate_facts
 from .._store.wrongtype import corrupt_key, is_wrong_type
 from ..errors import AiogroupqError
@@ -70,16 +68,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: seconds of starts the claims' counter keeps (``claim.lua``)
-WINDOW: Final = 30
-#: most fields of the counter a claim sweeps (``claim.lua``: claims leave
-#: about two windows' worth at most); a counter with more holds fields no
-#: claim wrote, which the check reports (``stale-starts``) and its repair
-#: clears (:func:`clear_stale_starts`): a claim never reads them all
-STARTS_MOST: Final = 4 * WINDOW
-#: fields of the counter read (HSCAN ``COUNT``) and deleted per command by
-#: :func:`clear_stale_starts`, so that no command holds the server long
-_CLEAR_SLICE: Final = 1000
 #: entries of a list looked through for a task (the ready line, a group's
 #: line): one native ``LPOS``, no loop in Lua; a task further back gets no
 #: estimate
@@ -369,38 +357,6 @@ def _estimate(
     )
 
 
-async def clear_stale_starts(client: Client, starts_key: str) -> str:
-    """Delete the fields of a start counter (``starts``) that are not
-    seconds of its window on the server's clock: a slice of
-    :data:`_CLEAR_SLICE` fields per ``HSCAN`` and per ``HDEL``, never the
-    whole hash in one command (a claim's own sweep stops at
-    :data:`STARTS_MOST` fields). The window's seconds stay: claims are
-    counting in them. Returns what was done, "" for nothing.
-
-    :raises ResponseError: if the key is not a hash (the check reports it)
-    """
-    seconds, _ = await client.time()
-    newest = int(seconds) + 1  # a claim may have moved on to the next second
-    oldest = newest - WINDOW - 1
-    deleted, cursor = 0, 0
-    while True:
-        cursor, fields = await client.hscan(starts_key, cursor, count=_CLEAR_SLICE)
-        stale = [
-            name
-            for name in fields
-            if not (name.isdigit() and oldest < int(name) <= newest)
-        ]
-        for start in range(0, len(stale), _CLEAR_SLICE):
-            deleted += await client.hdel(
-                starts_key, *stale[start : start + _CLEAR_SLICE]
-            )
-        if cursor == 0:
-            break
-    if not deleted:
-        return ""
-    return f"deleted {deleted} fields of {starts_key} outside its {WINDOW} s window"
-
-
 async def _switch_on(client: Client, conf_key: str) -> bool:
     """Set conf ``est`` so that the claims count starts; False if this
     client may not write it (a read-only user: the estimate stays off)."""
@@ -424,11 +380,15 @@ async def explain(
     the first one asked of a queue switches its counter on (every
     partition)."""
     mine = parts.of_id(task_id)
-    reply = await estimate_facts(client, mine, task_id, bound=BOUND, window=WINDOW)
+    reply = await estimate_facts(
+        client, mine, task_id, bound=BOUND, window=STARTS_WINDOW
+    )
     replies = [(mine, reply)]
     for keys in parts.all():
         if keys.prefix != mine.prefix:
-            other = await estimate_facts(client, keys, "", bound=BOUND, window=WINDOW)
+            other = await estimate_facts(
+                client, keys, "", bound=BOUND, window=STARTS_WINDOW
+            )
             replies.append((keys, other))
     allowed = True
     for keys, r in replies:

@@ -20,6 +20,7 @@ from redis.exceptions import NoScriptError
 from .._store.codec import unpack
 from .._store.fanout import each_partition
 from .._store.replies import NOT_A_TASK, text as _text
+from .._store.schema import TOTALS
 from .._store.scripts import GROUP_INFO, STATS, STATUSES, TASK_INFO
 from ..errors import CorruptTaskError
 from ..task import DeadLetter, TaskState
@@ -55,17 +56,6 @@ if TYPE_CHECKING:
 STATS_CONSUMERS: Final = 100
 #: task ids per ``statuses.lua`` call (a millisecond or two of server time)
 STATUS_CHUNK: Final = 500
-#: the lifetime counters of the ``stats`` hash (``QueueStats.totals``)
-TOTALS: Final = (
-    "enqueued",
-    "started",
-    "succeeded",
-    "retried",
-    "dead",
-    "cancelled",
-    "expired",
-    "recovered",
-)
 
 
 # -- stats ---------------------------------------------------------------------

@@ -1,5 +1,5 @@
 #!lua flags=allow-oom
---[[ repair.lua: one step of "aiogroupq check --repair". _inspect/repair.py plans the
+--[[ repair.lua: one step of "aiogroupq check --repair". _check/repair.py plans the
   steps from a consistency check; each step reads again what it changes and
   decides from what it finds, not from the check's reading, so it is
   idempotent and safe on a live queue (a step the queue has made needless

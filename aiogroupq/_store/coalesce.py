@@ -3,7 +3,7 @@
 A call that finds nothing in flight is sent at once, in its caller's task:
 a lone or sequential enqueue waits for nothing. Calls made while one is in
 flight queue up, in call order, and go together as one script call (as
-many as fit in :data:`~.defaults.MAX_BATCH` tasks and the producer's
+many as fit in :data:`~aiogroupq._limits.MAX_BATCH` tasks and the producer's
 ``max_batch_bytes``; the rest in the next) once the wire is free: 100
 concurrent enqueues cost a few round trips, not 100. At most one call is in
 flight, so calls reach Redis in the order they were made, and tasks of one

@@ -41,11 +41,6 @@ _OTHER_BYTES: Final = bytes(b for b in range(256) if b not in _CONTAINER_HEADS)
 _is_container: Final = frozenset((list, dict, tuple)).__contains__
 
 
-#: what an envelope adds to its payload at most: a 28-character id, a task
-#: type and a group of at most 256 bytes each, a few integers, headers
-ENVELOPE_OVERHEAD: Final = 1024
-
-
 class EncodeFailure(Exception):
     """A value cannot be stored: MessagePack cannot encode it, or it nests
     deeper than :data:`MAX_DEPTH`. Callers turn it into their own error."""

@@ -12,7 +12,7 @@ ZSET, walked whole).
 
 from __future__ import annotations
 
-__all__ = ("cancel_group", "purge_group")
+__all__ = ("cancel_group", "purge_group", "release_consumer")
 
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
@@ -21,11 +21,13 @@ from typing import TYPE_CHECKING, Any
 from redis.exceptions import ResponseError
 
 from . import scripts as _scripts
+from .fanout import each_partition
 from .wrongtype import corrupt_key, is_wrong_type
 
 if TYPE_CHECKING:
     from .connection import Client
     from .keys import QueueKeys
+    from .partition import Partitions
 
 _HOLDER = b"h:"
 
@@ -175,3 +177,24 @@ def _text(member: bytes) -> str | None:
         return member.decode()
     except UnicodeDecodeError:
         return None
+
+
+async def release_consumer(
+    client: Client, parts: Partitions, name: str, *, retention_ms: int
+) -> int:
+    """Hand back the tasks consumer *name* holds, in every partition, as the
+    recovery at its lease's end would: each to the front of its group, its
+    attempt counted (dead-lettered past its last one, cancelled if that was
+    asked). Fenced as that recovery is: its tokens no longer own the tasks,
+    so a late heartbeat, finish or top-up of the consumer is refused. Return
+    how many tasks went back. The caller judged that it may
+    (``_inspect/consumers.py`` ``check_releasable``).
+    """
+
+    async def hand_back(keys: QueueKeys) -> int:
+        reply = await _scripts.RECOVER(
+            client, keys, (keys.inflight(name),), ("r", name, retention_ms)
+        )
+        return int(reply[0])
+
+    return sum(await each_partition(parts.all(), hand_back))

@@ -3,7 +3,7 @@
 Partition 0's ``conf`` field ``parts`` is the queue's layout (see
 ``_store/partition.py``); every other partition holds a copy, which its
 ``enqueue.lua`` checks each task against. A repartition changes partition 0
-first, then the others (``_inspect/repartition.py``), so a partition's copy may lag
+first, then the others (``_store/repartition.py``), so a partition's copy may lag
 behind partition 0's for a moment, or for good if whoever changed it was
 interrupted: any client that finds one lagging brings it up to date (the step
 it missed is the same for everyone), which makes the change complete even

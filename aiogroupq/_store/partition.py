@@ -23,7 +23,7 @@ Where things go (stable and documented, docs/scaling.md):
 The number of partitions is stored in each partition's ``conf`` hash (field
 ``parts``; absent means 1, which keeps the one-partition layout untouched).
 While the queue is being repartitioned from K to K' it reads ``K>K'``; see
-``_inspect/repartition.py`` for the protocol that keeps each group's order.
+``_store/repartition.py`` for the protocol that keeps each group's order.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ gives every client of its own.
 from __future__ import annotations
 
 __all__ = (
-    "DEFAULT_PORT",
+    "DEFAULT_SENTINEL_PORT",
     "OPTIONS",
     "SCHEMES",
     "SentinelURL",
@@ -56,7 +56,7 @@ from redis.backoff import NoBackoff
 #: URL schemes of a Sentinel deployment (TLS to the data nodes: ``rediss``)
 SCHEMES: Final = ("redis+sentinel", "rediss+sentinel")
 #: the port a sentinel listens on unless the URL says otherwise
-DEFAULT_PORT: Final = 26379
+DEFAULT_SENTINEL_PORT: Final = 26379
 #: seconds a sentinel may take to connect or answer where the primary is,
 #: unless ``sentinel_socket_timeout`` says otherwise: the sentinels are asked
 #: one after another, so a frozen one must not eat a call's whole budget
@@ -256,7 +256,7 @@ def _address(item: str) -> tuple[str, int]:
     if not host:
         raise ValueError(f"sentinel address {item!r} has no host")
     if not port:
-        return unquote(host), DEFAULT_PORT
+        return unquote(host), DEFAULT_SENTINEL_PORT
     if not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(
             f"sentinel address {item!r}: the port must be a number from 1 to 65535"

@@ -7,8 +7,8 @@ import time
 from datetime import datetime, timedelta
 from typing import Final, Literal
 
+from .._limits import MAX_DELAY, MAX_PRIORITY, REPLICA_WAIT_MS
 from ..errors import ConfigurationError, InvalidGroupError, InvalidTaskError
-from .defaults import MAX_DELAY, REPLICA_WAIT_MS
 from .scripts import Replication
 
 #: longest group key, task type and dedup key, in UTF-8 bytes
@@ -115,10 +115,6 @@ def max_attempts(value: object) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidTaskError("max_attempts", f"{value!r} must be an int >= 1")
     return value
-
-
-#: priorities run from 0 (the default) to this
-MAX_PRIORITY: Final = 9
 
 
 def priority(value: object) -> int | None:

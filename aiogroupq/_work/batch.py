@@ -12,7 +12,6 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from .._store.codec import EncodeFailure, encode_payload
 from ..errors import BatchFailed, Retry
 from ..task import CURRENT_BATCH
 from .runner import (
@@ -24,7 +23,6 @@ from .runner import (
     _decode,
     _invoke,
     _line_rest,
-    _succeeded,
 )
 from .running import Running
 
@@ -248,24 +246,9 @@ class _Batch:
     def _ok(self, runs: list[_Attempt], results: list[object]) -> None:
         """Each of *runs* succeeded with its result; one whose result cannot
         be stored is dead-lettered, and those after it go back to the line."""
-        store = self.route.options.store_result
         for attempt, value in zip(runs, results, strict=True):
-            if not store:
-                _succeeded(attempt, attempt.running.duration)
-                attempt.outcome("ok")
-                continue
-            try:
-                encoded = encode_payload(value)
-            except EncodeFailure as exc:
-                attempt.reject(
-                    "result of %s cannot be stored: %s; dead-lettered",
-                    exc,
-                    reason=f"UnencodableResult: {exc}",
-                    halt=self.route.options.on_dead == "halt",
-                )
+            if not attempt.succeeded(value):
                 return
-            _succeeded(attempt, attempt.running.duration)
-            attempt.outcome("ok", bytes(encoded))
 
 
 def _place(item: tuple[int, Outcome, DeadLetter | None]) -> int:

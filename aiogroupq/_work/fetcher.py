@@ -32,9 +32,9 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 import anyio
 from redis.asyncio.cluster import RedisCluster
 
+from .._limits import START_WINDOW
 from .._store import layout as _layout, scripts as _scripts
 from .._store.connection import REDIS_FAILURES, socket_timeout
-from .._store.defaults import START_WINDOW
 from .._store.wrongtype import is_wrong_type
 from ..errors import ConfigurationError, CorruptQueueError, QueueFullError
 from .damage import PROBE, DamageWatch

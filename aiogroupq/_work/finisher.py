@@ -13,10 +13,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
 import anyio
 
+from .._limits import MAX_OUTCOMES_PER_CALL
 from .._store import scripts as _scripts
 from .._store.connection import REDIS_FAILURES
 from .._store.replies import FinishCode
@@ -29,8 +30,6 @@ if TYPE_CHECKING:
     from .._store.partition import Partitions
 
 logger = logging.getLogger("aiogroupq.consumer")  # it records consumers' outcomes
-
-MAX_BATCH: Final = 256
 
 Callback = Callable[[_scripts.Outcome, FinishCode], None]
 
@@ -68,7 +67,7 @@ class Finisher:
         """Send the oldest pending batch, one call per partition it spans;
         False if Redis failed for a partition (its outcomes stay pending)."""
         async with self._sending:
-            batch = self._pending[:MAX_BATCH]
+            batch = self._pending[:MAX_OUTCOMES_PER_CALL]
             if not batch:
                 return True
             if self._watch.restoring:

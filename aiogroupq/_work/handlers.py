@@ -13,8 +13,8 @@ from typing import Any, Final, Literal
 
 import msgspec
 
+from .._limits import START_WINDOW
 from .._store.codec import payload_decoder
-from .._store.defaults import START_WINDOW
 from .._store.validate import setting_seconds
 from ..errors import ConfigurationError
 

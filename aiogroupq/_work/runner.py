@@ -13,15 +13,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
+from .._limits import ENVELOPE_OVERHEAD, START_WINDOW
 from .._store.codec import (
-    ENVELOPE_OVERHEAD,
     EncodeFailure,
     describe_decode_error,
     encode_payload,
     out_of_range,
     unpack,
 )
-from .._store.defaults import START_WINDOW
 from .._store.scripts import Outcome, OutcomeKind
 from .._telemetry.events import EventKind, Observers
 from .._telemetry.log import describe, short, task_extra
@@ -172,6 +171,33 @@ class _Attempt:
             f"{allowed} bytes this consumer's max_payload_bytes allows (raise "
             "Consumer(max_payload_bytes=...) to match the producer's)",
         )
+
+    def succeeded(self, result: object) -> bool:
+        """The handler returned *result*: the task succeeded, its result
+        stored if its handler says so; False if that result cannot be stored
+        (the task is dead-lettered instead)."""
+        options = self.route.options
+        stored: bytes | str = ""
+        if options.store_result:
+            try:
+                stored = bytes(encode_payload(result))
+            except EncodeFailure as exc:
+                self.reject(
+                    "result of %s cannot be stored: %s; dead-lettered",
+                    exc,
+                    reason=f"UnencodableResult: {exc}",
+                    halt=options.on_dead == "halt",
+                )
+                return False
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "%s succeeded in %.3fs",
+                self.about(),
+                self.running.duration,
+                extra=self.extra(),
+            )
+        self.outcome("ok", stored)
+        return True
 
     def failed(
         self, default: RetryPolicy, exc: BaseException, *, delay: float | None
@@ -483,7 +509,7 @@ def _conclude(
 ) -> None:
     """Turn a handler that returned, timed out or was stopped (*stopped*:
     by what, see :attr:`Running.stopped_by`) into its outcome."""
-    running, route = attempt.running, attempt.route
+    running = attempt.running
     if stopped == "lease":
         if running.lost:
             logger.warning(
@@ -505,29 +531,8 @@ def _conclude(
     elif stopped == "timeout":
         late = TimeoutError(f"the attempt exceeded its timeout of {timeout}s")
         attempt.failed(policy, late, delay=None)
-    elif route.options.store_result:
-        try:
-            encoded = encode_payload(result)
-        except EncodeFailure as exc:
-            attempt.reject(
-                "result of %s cannot be stored: %s; dead-lettered",
-                exc,
-                reason=f"UnencodableResult: {exc}",
-                halt=route.options.on_dead == "halt",
-            )
-        else:
-            _succeeded(attempt, running.duration)
-            attempt.outcome("ok", bytes(encoded))
     else:
-        _succeeded(attempt, running.duration)
-        attempt.outcome("ok")
-
-
-def _succeeded(attempt: _Attempt, duration: float | None) -> None:
-    if logger.isEnabledFor(logging.DEBUG):
-        logger.debug(
-            "%s succeeded in %.3fs", attempt.about(), duration, extra=attempt.extra()
-        )
+        attempt.succeeded(result)
 
 
 def _line_rest(head: Running, submit: Submit) -> None:

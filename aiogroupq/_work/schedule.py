@@ -22,10 +22,10 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import anyio
 import msgspec
 
+from .._limits import DEFAULT_DEDUP_WINDOW, DEFAULT_MAX_ATTEMPTS
 from .._store import routing as _routing, scripts as _scripts, validate as _validate
 from .._store.codec import EncodeFailure, encode_payload, identity, pack
 from .._store.connection import REDIS_FAILURES, node_of
-from .._store.defaults import DEFAULT_DEDUP_WINDOW, DEFAULT_MAX_ATTEMPTS
 from .._store.partition import Partitions, in_partition
 from .._store.replies import GroupCorruptRefusal, GroupFullRefusal
 from ..errors import AiogroupqError, ConfigurationError, UnencodablePayloadError

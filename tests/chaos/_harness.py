@@ -8,7 +8,7 @@ rate; the fault methods (:meth:`kill`, :meth:`stall`, :meth:`terminate`,
 :meth:`restart_redis`, :meth:`drop`, :meth:`flush_scripts`) inject one fault
 each and journal it; :meth:`Cluster.settle` waits until every task is
 terminal, stops the consumers gracefully and judges the journal
-(:func:`._oracle.judge`) and the queue's keys (``aiogroupq._inspect.check.examine``).
+(:func:`._oracle.judge`) and the queue's keys (``aiogroupq._check.check.examine``).
 """
 
 from __future__ import annotations
@@ -620,7 +620,7 @@ class Cluster:
         verdict = _oracle.judge(
             lines, self.specs, finals, lossy_restarts=self.lossy_restarts
         )
-        from aiogroupq._inspect.check import examine
+        from aiogroupq._check.check import examine
 
         problems = [
             f"{p.kind} {p.task_id} {p.group}: {p.detail}"

@@ -1,7 +1,7 @@
 """Chaos tests (``pytest tests/chaos -m chaos``; ``AIOGROUPQ_CHAOS_SCALE=full``
 for the documented figures). Each runs real consumer processes against a real
 server, injects one kind of fault, then judges the journal of every handler
-start and end (``_oracle.py``) and the queue's keys (``aiogroupq._inspect.check``), and
+start and end (``_oracle.py``) and the queue's keys (``aiogroupq._check.check``), and
 prints its figures (see ``conftest.py``).
 
 Targeted tests pin one promise each: a task interrupted by ``kill -9`` runs

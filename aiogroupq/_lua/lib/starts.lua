@@ -21,7 +21,7 @@ local function count_starts(n, now)
   -- clock set back, or damage). Only those outside the window go: the
   -- window's own seconds are the samples estimates read. Counting leaves
   -- about two windows of fields at most; beyond four (STARTS_MOST in
-  -- _inspect/estimate.py) the fields are not its own, and a sweep would hold
+  -- _limits.py) the fields are not its own, and a sweep would hold
   -- the server for as long as they are many: they are left to the check,
   -- which reports them, and its repair, which clears them in slices.
   local left = redis.pcall('HLEN', K_STARTS)

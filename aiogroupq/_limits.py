@@ -1,6 +1,6 @@
-"""The defaults and caps both roles and the checks share (one place, so a
-consumer, the check and a producer never disagree). It imports nothing of
-the package: :mod:`aiogroupq.errors` reads it."""
+"""Every cap and default of the package, each defined once, so that a
+consumer, the check, the views and a producer never disagree. It imports
+nothing: every wing and :mod:`aiogroupq.errors` read it."""
 
 from __future__ import annotations
 
@@ -17,6 +17,9 @@ DEFAULT_RETENTION: Final = 3600.0
 #: most tasks one ``enqueue_many`` call takes: one atomic script call stays
 #: around 10 ms of Redis time
 MAX_BATCH: Final = 1000
+#: most outcomes one ``finish.lua`` call records (a consumer's finisher
+#: sends what waits in calls of at most this many)
+MAX_OUTCOMES_PER_CALL: Final = 256
 #: default ``max_batch_bytes``: most bytes of encoded tasks one
 #: ``enqueue_many`` call carries (8 MiB: about 20 ms of Redis time for the
 #: script, 60 ms for the call, on loopback). Counting tasks alone let a batch
@@ -34,3 +37,18 @@ REPLICA_WAIT_MS: Final = 2000
 #: pause starts after it returns. It covers a replicated claim's wait for
 #: its replica and leaves a second for a busy event loop.
 START_WINDOW: Final = REPLICA_WAIT_MS / 1000 + 1.0
+#: most slots (concurrency) a group may have
+MAX_CONCURRENCY: Final = 10_000
+#: highest weight of a group (``Admin.set_group(weight=)``); 1 is the default
+MAX_WEIGHT: Final = 100
+#: highest task priority (0 is the default; higher first)
+MAX_PRIORITY: Final = 9
+#: what an envelope adds to its payload at most: a 28-character id, a task
+#: type and a group of at most 256 bytes each, a few integers, headers
+ENVELOPE_OVERHEAD: Final = 1024
+#: seconds of starts the claims' start counter keeps (``lib/starts.lua``)
+STARTS_WINDOW: Final = 30
+#: most fields of the start counter a claim sweeps (claims leave about two
+#: windows' worth at most); a counter with more holds fields no claim wrote,
+#: which the check reports (``stale-starts``) and its repair clears in slices
+STARTS_MOST: Final = 4 * STARTS_WINDOW

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from redis.exceptions import ResponseError
 
+from .._limits import MAX_CONCURRENCY, MAX_WEIGHT
 from .._store.partition import Layout
 from .._store.wrongtype import is_wrong_type
 from ..errors import ConfigurationError
@@ -48,10 +49,6 @@ SETTINGS: Final = ("fair", "pause", "c", "rn", "rp", "age", "wt")
 #: flags a script sets once something is in use (est: Admin.estimate's)
 _FLAGS: Final = ("pu", "gc", "uq", "est")
 _KNOWN: Final = frozenset({*SETTINGS, *_FLAGS, "parts"})
-#: the most slots a group may have (Admin's MAX_CONCURRENCY)
-_MAX_CONCURRENCY: Final = 10_000
-#: the highest weight of a group (Admin.set_group's)
-_MAX_WEIGHT: Final = 100
 _POSITIVE: Final = re.compile(r"[1-9][0-9]{0,17}")
 _SEPARATORS: Final = re.compile(r"[\s,;&]+")
 
@@ -70,8 +67,8 @@ def _valid(name: str, value: str) -> bool:
     if not _POSITIVE.fullmatch(value):
         return False
     if name == "wt":
-        return int(value) <= _MAX_WEIGHT
-    return name != "c" or int(value) <= _MAX_CONCURRENCY
+        return int(value) <= MAX_WEIGHT
+    return name != "c" or int(value) <= MAX_CONCURRENCY
 
 
 def _tokens(text: str) -> list[str]:

@@ -5,13 +5,12 @@ then what the rules need) with plain pipelines, not one atomic snapshot (a
 queue may be far too large for a single ``MULTI``). Long lists and sets are
 read in slices of :data:`SLICE` entries, so that no single command holds the
 server for long; the cost is O(keys + entries) time and memory. It records
-facts only; ``_inspect/check.py`` judges them.
+facts only; ``_check/check.py`` judges them.
 """
 
 from __future__ import annotations
 
 __all__ = (
-    "DEFAULT_MAX_PAYLOAD",
     "FAMILIES",
     "FIXED",
     "RATE_WAKE",
@@ -29,14 +28,13 @@ from typing import TYPE_CHECKING, Any, Final
 from redis.crc import key_slot
 from redis.exceptions import ResponseError
 
+from .._limits import DEFAULT_MAX_PAYLOAD_BYTES, ENVELOPE_OVERHEAD
 from .._store.codec import (
-    ENVELOPE_OVERHEAD,
     describe_decode_error,
     out_of_range,
     unpack,
 )
 from .._store.connection import node_of
-from .._store.defaults import DEFAULT_MAX_PAYLOAD_BYTES
 from .._store.wrongtype import is_wrong_type
 
 if TYPE_CHECKING:
@@ -91,8 +89,6 @@ SLICE: Final = 10_000
 _CHUNK: Final = 1000
 #: envelope bytes fetched per pipeline round trip (at least one envelope)
 _ENVELOPE_BYTES: Final = 8 * 1024 * 1024
-#: default payload limit the check holds envelopes to (the consumers')
-DEFAULT_MAX_PAYLOAD: Final = DEFAULT_MAX_PAYLOAD_BYTES
 # Fields read from a task hash, in this order.
 _FIELDS: Final = ("s", "g", "a", "m", "k", "c", "ft", "dt", "p", "u")
 # Families whose keys are read whole; the others are checked for their type.
@@ -313,7 +309,7 @@ def _classify(keys: QueueKeys, name: str) -> tuple[str, str, str] | None:
 
 
 async def read(
-    client: Client, keys: QueueKeys, *, max_payload: int = DEFAULT_MAX_PAYLOAD
+    client: Client, keys: QueueKeys, *, max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES
 ) -> Snapshot:
     """Read every key of a queue into a :class:`Snapshot` (no judgement yet,
     only the facts reading finds: keys outside the slot, unknown keys, wrong

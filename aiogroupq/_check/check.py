@@ -3,20 +3,20 @@
 :func:`examine` reads every key of a queue and reports each broken
 invariant of the Lua scripts (see the headers of ``_lua/lib/*.lua``) as a
 :class:`Problem`: it is the check's one way in, behind the public
-:func:`check_queue`, ``aiogroupq check``, the repair (``_inspect/repair.py``)
+:func:`check_queue`, ``aiogroupq check``, the repair (``_check/repair.py``)
 and the tests, which run it after every scenario and every model step.
 
-The reading (``_inspect/snapshot.py``) uses plain pipelines, not one atomic
+The reading (``_check/snapshot.py``) uses plain pipelines, not one atomic
 snapshot (a queue may be far too large for a single ``MULTI``), so on a busy
 queue a problem may be a race between two reads. Each problem found is
 therefore read again, with the keys it involves read together
-(``_inspect/confirm.py``), and reported only if it is still there: a busy,
+(``_check/confirm.py``), and reported only if it is still there: a busy,
 healthy queue checks clean. Long lists and sets are read in slices of
 ``snapshot.SLICE`` entries, so that no single command holds the server for
 long; the cost is O(keys + entries) time and memory.
 
-The rules are in ``_inspect/rules.py``; the kinds of problem
-(``LOST_TASK``, ``STUCK_PARK``, …) in ``_inspect/problems.py``, whose
+The rules are in ``_check/rules.py``; the kinds of problem
+(``LOST_TASK``, ``STUCK_PARK``, …) in ``_check/problems.py``, whose
 comments say what each means.
 """
 
@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Final
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
+from .._limits import DEFAULT_MAX_PAYLOAD_BYTES
 from .._store import layout as _layout
 from .._store.connection import RedisLike, open_client
 from .._store.failures import unavailable_as_error
@@ -43,11 +44,7 @@ from .problems import (
     sort_problems,
 )
 from .rules import find_problems, problems_across
-from .snapshot import (
-    DEFAULT_MAX_PAYLOAD,
-    Snapshot,
-    read,
-)
+from .snapshot import Snapshot, read
 
 if TYPE_CHECKING:
     from .._store.connection import Client
@@ -83,7 +80,7 @@ async def examine(
     redis: RedisLike,
     queue: str | QueueKeys,
     *,
-    max_payload: int = DEFAULT_MAX_PAYLOAD,
+    max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES,
 ) -> Examination:
     """Read a queue's keys and apply every rule to them.
 
@@ -119,7 +116,7 @@ async def _examine_one(
     client: Client, keys: QueueKeys, max_payload: int
 ) -> tuple[Snapshot, list[Problem], list[Problem]]:
     """One partition: read, judge, and confirm what was found by reading
-    its keys again (``_inspect/confirm.py``)."""
+    its keys again (``_check/confirm.py``)."""
     before = await _activity(client, keys)
     snap = await read(client, keys, max_payload=max_payload)
     problems = find_problems(snap)
@@ -185,7 +182,7 @@ async def _scan_bounded(client: Client, match: str) -> list[Any]:
 
 
 async def check_queue(
-    redis: RedisLike, queue: str, *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD
+    redis: RedisLike, queue: str, *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
 ) -> list[Problem]:
     """Check one queue's Redis keys and return every broken invariant found.
 

@@ -30,15 +30,15 @@ from typing import TYPE_CHECKING, Any, Final
 
 from redis.exceptions import ResponseError
 
-from .._store import layout as _layout, scripts as _scripts
-from .._store.connection import node_of
-from .._store.partition import MAX_PARTITIONS, Layout, Partitions, check_count, crc
 from ..errors import ConfigurationError
-from .reads import TOTALS
+from . import layout as _layout, scripts as _scripts
+from .connection import node_of
+from .partition import MAX_PARTITIONS, Layout, Partitions, check_count, crc
+from .schema import TOTALS
 
 if TYPE_CHECKING:
-    from .._store.connection import Client
-    from .._store.keys import QueueKeys
+    from .connection import Client
+    from .keys import QueueKeys
 
 #: blockers :func:`finish` lists at most (the rest are counted)
 _SHOWN: Final = 20

@@ -1,6 +1,6 @@
 """What the consistency check reports: a :class:`Problem` per broken
 invariant, of one of the kinds below (a module constant each, whose comment
-says what it means). The rules that find them are in ``_inspect/rules.py``.
+says what it means). The rules that find them are in ``_check/rules.py``.
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ BAD_CONF: Final = "bad-conf"
 BAD_SETTING: Final = "bad-setting"
 
 #: the estimates' start counter (``starts``) holds more fields than claims
-#: leave in it (``_inspect/estimate.py`` ``STARTS_MOST``): fields no claim
+#: leave in it (``_limits.py`` ``STARTS_MOST``): fields no claim
 #: wrote, which no claim sweeps (each does a bounded part of that work);
 #: they cost memory only, and the repair deletes them in slices
 STALE_STARTS: Final = "stale-starts"

@@ -1,6 +1,6 @@
 """Repair of a queue's keys: ``aiogroupq check --repair`` and :func:`repair_queue`.
 
-A round checks the queue (:mod:`._fsck`), picks the first stage that has
+A round checks the queue (:mod:`.check`), picks the first stage that has
 problems and runs its steps, each one ``repair.lua`` call; then the queue is
 checked again, until it is consistent or nothing more can be done. The
 stages go from the keys outwards, so that each one works on what the earlier
@@ -9,7 +9,7 @@ ones left sound:
 1. *keys*: a key of the wrong type, or one no script makes, is deleted; what
    it held shows up in the next check as lost tasks or damaged counts. The
    queue's ``conf`` is rebuilt instead, keeping what is readable of its
-   settings and layout (``_inspect/conf_rebuild.py``);
+   settings and layout (``_check/conf_rebuild.py``);
 2. *tasks*: a live task whose hash is damaged (missing fields, an envelope
    that does not decode or is too large, an unknown state) is dead-lettered
    with a ``Corrupt:`` reason, out of wherever it waits, its slot passed on;
@@ -41,16 +41,17 @@ from typing import TYPE_CHECKING, Any, Final
 
 from redis.exceptions import ResponseError
 
+from .._limits import DEFAULT_MAX_PAYLOAD_BYTES
 from .._store import layout as _layout
 from .._store.connection import RedisLike, open_client
 from .._store.failures import unavailable_as_error
 from .._store.partition import Layout, Partitions
 from .._store.scripts import REPAIR
 from ..errors import CorruptQueueError
-from . import check as fsck, problems as problem_kinds, snapshot as _snapshot
+from . import check as _check, problems as _problems, snapshot as _snapshot
 from .conf_rebuild import conf_step
-from .estimate import clear_stale_starts
 from .rules import slotless_retries
+from .starts import clear_stale_starts
 
 if TYPE_CHECKING:
     from redis.typing import EncodableT
@@ -68,28 +69,28 @@ _LIVE: Final = frozenset({"queued", "delayed", "running"})
 # Which stage repairs each kind of problem; WRONG_SLOT has none (the key's
 # name is wrong, which only a rename by hand can fix).
 _STAGES: Final = (
-    ("keys", frozenset({problem_kinds.WRONG_TYPE, problem_kinds.UNKNOWN_KEY})),
+    ("keys", frozenset({_problems.WRONG_TYPE, _problems.UNKNOWN_KEY})),
     (
         "tasks",
         frozenset(
             {
-                problem_kinds.BAD_TASK,
-                problem_kinds.BAD_ENVELOPE,
-                problem_kinds.OVERSIZED,
+                _problems.BAD_TASK,
+                _problems.BAD_ENVELOPE,
+                _problems.OVERSIZED,
             }
         ),
     ),
-    ("flags", frozenset({problem_kinds.BAD_CONF, problem_kinds.BAD_SETTING})),
+    ("flags", frozenset({_problems.BAD_CONF, _problems.BAD_SETTING})),
     (
         "places",
         frozenset(
             {
-                problem_kinds.ORPHAN_ENTRY,
-                problem_kinds.MISPLACED,
-                problem_kinds.DUPLICATE,
-                problem_kinds.LOST_TASK,
-                problem_kinds.NOT_INFLIGHT,
-                problem_kinds.UNINDEXED_DEAD,
+                _problems.ORPHAN_ENTRY,
+                _problems.MISPLACED,
+                _problems.DUPLICATE,
+                _problems.LOST_TASK,
+                _problems.NOT_INFLIGHT,
+                _problems.UNINDEXED_DEAD,
             }
         ),
     ),
@@ -97,18 +98,18 @@ _STAGES: Final = (
         "groups",
         frozenset(
             {
-                problem_kinds.SLOT_MISMATCH,
-                problem_kinds.STRAY_SLOT,
-                problem_kinds.UNMARKED_HEAD,
-                problem_kinds.STUCK_PARK,
-                problem_kinds.STUCK_HELD,
-                problem_kinds.GROUP_OVERLAP,
+                _problems.SLOT_MISMATCH,
+                _problems.STRAY_SLOT,
+                _problems.UNMARKED_HEAD,
+                _problems.STUCK_PARK,
+                _problems.STUCK_HELD,
+                _problems.GROUP_OVERLAP,
             }
         ),
     ),
-    ("counters", frozenset({problem_kinds.BAD_COUNT, problem_kinds.BAD_FENCE})),
+    ("counters", frozenset({_problems.BAD_COUNT, _problems.BAD_FENCE})),
     # The start counter's stale fields: deleted in slices (not repair.lua's).
-    ("starts", frozenset({problem_kinds.STALE_STARTS})),
+    ("starts", frozenset({_problems.STALE_STARTS})),
 )
 
 
@@ -149,8 +150,8 @@ class _Step:
     group: str | None = None
 
 
-def _stage_of(problem: problem_kinds.Problem) -> str | None:
-    if problem.kind == problem_kinds.BAD_COUNT and problem.group is not None:
+def _stage_of(problem: _problems.Problem) -> str | None:
+    if problem.kind == _problems.BAD_COUNT and problem.group is not None:
         return "groups"  # a group's own counts: rebuilt with its marks
     for name, kinds in _STAGES:
         if problem.kind in kinds:
@@ -244,7 +245,7 @@ def _expected_type(keys: QueueKeys, name: str) -> str:
 
 
 def _plan_keys(
-    snap: _snapshot.Snapshot, problems: Sequence[problem_kinds.Problem]
+    snap: _snapshot.Snapshot, problems: Sequence[_problems.Problem]
 ) -> list[_Step]:
     steps = []
     for p in problems:
@@ -268,7 +269,7 @@ def _highest_token(snap: _snapshot.Snapshot) -> int:
 async def _conf_steps(
     client: Client,
     snap: _snapshot.Snapshot,
-    problems: Sequence[problem_kinds.Problem],
+    problems: Sequence[_problems.Problem],
     layout: Layout | None,
 ) -> list[_Step]:
     """The step rebuilding a damaged ``conf``, which a drop would lose the
@@ -282,15 +283,15 @@ async def _conf_steps(
 
 
 def _plan_tasks(
-    snap: _snapshot.Snapshot, problems: Sequence[problem_kinds.Problem]
+    snap: _snapshot.Snapshot, problems: Sequence[_problems.Problem]
 ) -> list[_Step]:
     whys: dict[str, list[str]] = defaultdict(list)
     for p in problems:
         if p.task_id is None:
             continue
-        if p.kind == problem_kinds.BAD_ENVELOPE:
+        if p.kind == _problems.BAD_ENVELOPE:
             whys[p.task_id].append(f"its envelope does not decode ({p.detail})")
-        elif p.kind == problem_kinds.OVERSIZED:
+        elif p.kind == _problems.OVERSIZED:
             whys[p.task_id].append(f"it is too large ({p.detail})")
         else:
             whys[p.task_id].append(f"its hash is damaged ({p.detail})")
@@ -307,7 +308,7 @@ def _plan_tasks(
 
 
 def _plan_flags(
-    snap: _snapshot.Snapshot, problems: Sequence[problem_kinds.Problem]
+    snap: _snapshot.Snapshot, problems: Sequence[_problems.Problem]
 ) -> list[_Step]:
     live = [t for t in snap.tasks.values() if t.state in _LIVE]
     flags = []
@@ -324,13 +325,13 @@ def _plan_flags(
     steps.extend(
         _Step(("setting", p.group or ""), None, p.group)
         for p in problems
-        if p.kind == problem_kinds.BAD_SETTING
+        if p.kind == _problems.BAD_SETTING
     )
     return steps
 
 
 def _plan_places(
-    snap: _snapshot.Snapshot, problems: Sequence[problem_kinds.Problem]
+    snap: _snapshot.Snapshot, problems: Sequence[_problems.Problem]
 ) -> list[_Step]:
     ids = sorted({p.task_id for p in problems if p.task_id is not None})
     places = _places(snap)
@@ -368,7 +369,7 @@ def _plan_places(
 
 
 def _plan_groups(
-    snap: _snapshot.Snapshot, problems: Sequence[problem_kinds.Problem]
+    snap: _snapshot.Snapshot, problems: Sequence[_problems.Problem]
 ) -> list[_Step]:
     fixes: dict[str, set[str]] = defaultdict(set)
     for p in problems:
@@ -376,8 +377,8 @@ def _plan_groups(
             continue
         fixes.setdefault(p.group, set())
         if p.task_id is not None and p.kind in (
-            problem_kinds.SLOT_MISMATCH,
-            problem_kinds.UNMARKED_HEAD,
+            _problems.SLOT_MISMATCH,
+            _problems.UNMARKED_HEAD,
         ):
             fixes[p.group].add(p.task_id)
     ready = set(snap.ready) | set(snap.pready)
@@ -407,11 +408,11 @@ def _plan_groups(
 
 
 def _plan_counters(
-    snap: _snapshot.Snapshot, problems: Sequence[problem_kinds.Problem]
+    snap: _snapshot.Snapshot, problems: Sequence[_problems.Problem]
 ) -> list[_Step]:
     steps = []
     kinds = {p.kind for p in problems}
-    if problem_kinds.BAD_COUNT in kinds:
+    if _problems.BAD_COUNT in kinds:
         with_line = {g: len(ids) for g, ids in snap.parks.items() if ids}
         halted = {g for g, s in snap.groups.items() if s.halted is not None}
         paused = {g for g, conf in snap.gconf.items() if conf.get("p") == "1"}
@@ -441,13 +442,13 @@ def _plan_counters(
                 continue
             if have is None or not _is_int(have) or int(have) != want:
                 steps.append(_Step(("stat", name, want, have or "")))
-    if problem_kinds.BAD_FENCE in kinds:
+    if _problems.BAD_FENCE in kinds:
         steps.append(_Step(("fence", _highest_token(snap))))
     return steps
 
 
 def _plan_starts(
-    snap: _snapshot.Snapshot, problems: Sequence[problem_kinds.Problem]
+    snap: _snapshot.Snapshot, problems: Sequence[_problems.Problem]
 ) -> list[_Step]:
     """One step whatever the problems: see :func:`_run_step`."""
     return [_Step(("starts",))]
@@ -493,10 +494,10 @@ async def repair(
     client: Client,
     keys: QueueKeys,
     *,
-    max_payload: int = _snapshot.DEFAULT_MAX_PAYLOAD,
+    max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES,
     rounds: int = ROUNDS,
     layout: Layout | None = None,
-) -> tuple[list[Repair], list[problem_kinds.Problem]]:
+) -> tuple[list[Repair], list[_problems.Problem]]:
     """Check and repair one queue until it is consistent or nothing more can
     be done; return the changes made and the problems left.
 
@@ -505,15 +506,15 @@ async def repair(
     """
     done: list[Repair] = []
     stuck: set[str] = set()  # stages whose steps changed nothing
-    problems: list[problem_kinds.Problem] = []
+    problems: list[_problems.Problem] = []
     for _ in range(rounds):
         before = await _activity(client, keys)
-        found = await fsck.examine(client, keys, max_payload=max_payload)
+        found = await _check.examine(client, keys, max_payload=max_payload)
         (snap,), problems = found.snapshots, found.problems
         # Counters are recounted from the snapshot, which is not one atomic
         # read: only when nothing moved while it was taken.
         quiet = before == await _activity(client, keys)
-        by_stage: dict[str, list[problem_kinds.Problem]] = defaultdict(list)
+        by_stage: dict[str, list[_problems.Problem]] = defaultdict(list)
         for p in problems:
             stage = _stage_of(p)
             if stage is not None and (stage != "counters" or quiet):
@@ -536,7 +537,9 @@ async def repair(
         else:
             stuck.add(stage)
     else:
-        problems = (await fsck.examine(client, keys, max_payload=max_payload)).problems
+        problems = (
+            await _check.examine(client, keys, max_payload=max_payload)
+        ).problems
     return done, problems
 
 
@@ -544,7 +547,7 @@ async def repair_queue(
     redis: RedisLike,
     queue: str,
     *,
-    max_payload_bytes: int = _snapshot.DEFAULT_MAX_PAYLOAD,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
 ) -> list[Repair]:
     """Repair what :func:`check_queue` finds in one queue's Redis keys.
 
@@ -573,8 +576,8 @@ async def repair_queue(
 
 @unavailable_as_error
 async def repair_partitions(
-    redis: RedisLike, queue: str, *, max_payload: int = _snapshot.DEFAULT_MAX_PAYLOAD
-) -> tuple[list[Repair], list[problem_kinds.Problem]]:
+    redis: RedisLike, queue: str, *, max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES
+) -> tuple[list[Repair], list[_problems.Problem]]:
     """:func:`repair` of every partition of a queue; the changes, and what
     the check finds afterwards (a group live in the wrong partition is only
     reported: moving tasks between partitions would break its order)."""
@@ -586,7 +589,7 @@ async def repair_partitions(
             done += (
                 await repair(client, keys, max_payload=max_payload, layout=parts.layout)
             )[0]
-    found = await fsck.examine(redis, queue, max_payload=max_payload)
+    found = await _check.examine(redis, queue, max_payload=max_payload)
     return done, found.problems
 
 
@@ -595,8 +598,8 @@ async def repair_keys(
     redis: RedisLike,
     keys: QueueKeys,
     *,
-    max_payload: int = _snapshot.DEFAULT_MAX_PAYLOAD,
-) -> tuple[list[Repair], list[problem_kinds.Problem]]:
+    max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES,
+) -> tuple[list[Repair], list[_problems.Problem]]:
     """:func:`repair` with a URL or a client to borrow."""
     async with open_client(redis, retry=True) as client:
         return await repair(client, keys, max_payload=max_payload)

@@ -1,6 +1,6 @@
 """A second reading of what the check's first reading found.
 
-The first reading (``_inspect/snapshot.py``) is not one atomic snapshot: on
+The first reading (``_check/snapshot.py``) is not one atomic snapshot: on
 a busy queue a task may end between the read of its group's hash and the
 read of its own, and the rules then see a mark of no live task, a succeeded
 task in the lease set, a count one off. So each problem found is read

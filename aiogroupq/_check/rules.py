@@ -8,7 +8,7 @@ Each rule mirrors what the Lua scripts do (see the headers of
 once the queue's ``conf`` says some group has settings (``gc``), exactly as
 ``group()`` in ``lib/slots.lua`` reads them, and an envelope is held to the
 same limits a consumer holds it to (``_work/runner.py``). The kinds of
-problem are in ``_inspect/problems.py``; ``_inspect/check.py`` reads a queue
+problem are in ``_check/problems.py``; ``_check/check.py`` reads a queue
 and applies these.
 """
 
@@ -20,8 +20,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Final
 
+from .._limits import MAX_WEIGHT, STARTS_MOST
 from .._store.partition import Partitions, crc
-from .estimate import STARTS_MOST
 from .problems import (
     BAD_CONF,
     BAD_COUNT,
@@ -57,8 +57,6 @@ from .snapshot import RATE_WAKE, GroupState, Snapshot, Task, _is_int
 WEIGHT_FIELD: Final = "wt"
 #: a weighted group's turns at the ready front in a row, in its state hash
 TURN_FIELD: Final = "tn"
-#: highest weight (Admin's MAX_WEIGHT)
-MAX_WEIGHT: Final = 100
 
 
 def slotless_retries(
