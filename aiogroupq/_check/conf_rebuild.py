@@ -24,7 +24,7 @@ the repair's next round sets any that the queue's keys call for.
 
 from __future__ import annotations
 
-__all__ = ("SETTINGS", "conf_step", "salvage")
+__all__ = ("conf_step", "salvage")
 
 import json
 import re
@@ -33,8 +33,9 @@ from typing import TYPE_CHECKING, Any, Final
 
 from redis.exceptions import ResponseError
 
-from .._limits import MAX_CONCURRENCY, MAX_WEIGHT
+from .._limits import MAX_CONCURRENCY
 from .._store.partition import Layout
+from .._store.schema import QUEUE_SETTINGS, WEIGHT, valid_weight
 from .._store.wrongtype import is_wrong_type
 from ..errors import ConfigurationError
 
@@ -45,10 +46,9 @@ if TYPE_CHECKING:
 
 #: the queue's settings, the same in every partition (Admin.configure,
 #: Admin.pause write them to each)
-SETTINGS: Final = ("fair", "pause", "c", "rn", "rp", "age", "wt")
 #: flags a script sets once something is in use (est: Admin.estimate's)
 _FLAGS: Final = ("pu", "gc", "uq", "est")
-_KNOWN: Final = frozenset({*SETTINGS, *_FLAGS, "parts"})
+_KNOWN: Final = frozenset({*QUEUE_SETTINGS, *_FLAGS, "parts"})
 _POSITIVE: Final = re.compile(r"[1-9][0-9]{0,17}")
 _SEPARATORS: Final = re.compile(r"[\s,;&]+")
 
@@ -66,8 +66,8 @@ def _valid(name: str, value: str) -> bool:
             return False
     if not _POSITIVE.fullmatch(value):
         return False
-    if name == "wt":
-        return int(value) <= MAX_WEIGHT
+    if name == WEIGHT:
+        return valid_weight(value)
     return name != "c" or int(value) <= MAX_CONCURRENCY
 
 
@@ -132,7 +132,7 @@ async def _sibling_settings(
             bytes(k).decode(errors="replace"): bytes(v).decode(errors="replace")
             for k, v in raw.items()
         }
-        return partition, {k: v for k, v in fields.items() if k in SETTINGS}
+        return partition, {k: v for k, v in fields.items() if k in QUEUE_SETTINGS}
     return None
 
 
@@ -148,7 +148,7 @@ async def conf_step(
     whys = []
     if own:
         whys.append(f"kept {', '.join(sorted(own))} from what it held")
-    if not any(name in own for name in SETTINGS):
+    if not any(name in own for name in QUEUE_SETTINGS):
         sibling = await _sibling_settings(client, keys, layout.count)
         if sibling is not None:
             partition, settings = sibling

@@ -22,6 +22,7 @@ from typing import Final
 
 from .._limits import MAX_WEIGHT, STARTS_MOST
 from .._store.partition import Partitions, crc
+from .._store.schema import WEIGHT, valid_weight
 from .problems import (
     BAD_CONF,
     BAD_COUNT,
@@ -53,8 +54,6 @@ from .problems import (
 )
 from .snapshot import RATE_WAKE, GroupState, Snapshot, Task, _is_int
 
-#: a group's weight, in its settings hash and (the default) in ``conf``
-WEIGHT_FIELD: Final = "wt"
 #: a weighted group's turns at the ready front in a row, in its state hash
 TURN_FIELD: Final = "tn"
 
@@ -84,11 +83,6 @@ def slotless_retries(
     )
     counted = state.d if state.d is not None and _is_int(state.d) else "0"
     return unmarked if int(counted) == first + len(unmarked) else set()
-
-
-def valid_weight(value: str) -> bool:
-    """Whether *value* is a weight ``Admin`` could have stored."""
-    return value.isascii() and value.isdigit() and 1 <= int(value) <= MAX_WEIGHT
 
 
 #: the states of a task that has not ended
@@ -647,7 +641,7 @@ class _Checker:
         """Stored weights (the queue's default, each group's own) and
         orderings that no call of ``Admin`` writes."""
         snap = self.snap
-        default = snap.conf.get(WEIGHT_FIELD)
+        default = snap.conf.get(WEIGHT)
         if default is not None and not valid_weight(default):
             self.report(
                 BAD_SETTING,
@@ -667,7 +661,7 @@ class _Checker:
                     f"ordering is {ordering!r}, not 'exclusive': the group is strict",
                     self.keys.group_conf(g),
                 )
-            weight = fields.get(WEIGHT_FIELD)
+            weight = fields.get(WEIGHT)
             if weight is not None and not valid_weight(weight):
                 self.report(
                     BAD_SETTING,

@@ -34,7 +34,7 @@ from ..errors import ConfigurationError
 from . import layout as _layout, scripts as _scripts
 from .connection import node_of
 from .partition import MAX_PARTITIONS, Layout, Partitions, check_count, crc
-from .schema import TOTALS
+from .schema import GROUP_SETTINGS, TOTALS
 
 if TYPE_CHECKING:
     from .connection import Client
@@ -109,8 +109,7 @@ async def _move_settings(client: Client, parts: Partitions, moving: Layout) -> N
                 bytes(k).decode(errors="replace"): bytes(v) for k, v in stored.items()
             }
             new = parts.keys(homes[1])
-            fields = ("c", "rn", "rp", "mx", "pr", "wt", "o")
-            values = [conf.get(f, b"") for f in fields]
+            values = [conf.get(f, b"") for f in GROUP_SETTINGS]
             await _scripts.control(client, new, "group", name, *values)
             if conf.get("p") == b"1":
                 await _scripts.control(client, new, "pause", name)

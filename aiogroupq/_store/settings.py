@@ -33,6 +33,7 @@ from typing import Final, Literal
 from .._limits import MAX_CONCURRENCY, MAX_PRIORITY, MAX_WEIGHT
 from ..errors import ConfigurationError
 from . import validate as _validate
+from .schema import WEIGHT
 
 Fairness = Literal["round_robin", "drain"]
 Ordering = Literal["strict", "exclusive"]
@@ -123,7 +124,7 @@ STORED_AS: Final[dict[str, tuple[str, ...]]] = {
     "rate": ("rn", "rp"),
     "max_size": ("mx",),
     "priority": ("pr",),
-    "weight": ("wt",),
+    "weight": (WEIGHT,),
     "ordering": ("o",),
 }
 
@@ -161,7 +162,7 @@ def group_fields(
         "rp": rp,
         "mx": "" if max_size is None else max_size,
         "pr": "" if priority is None else priority,
-        "wt": "" if weight is None else weight,
+        WEIGHT: "" if weight is None else weight,
         "o": "exclusive" if ordering == "exclusive" else "",
     }
 
@@ -217,7 +218,7 @@ def group_settings_of(fields: dict[str, str]) -> GroupSettings:
         max_size=int_or_none(fields.get("mx")),
         priority=int_or_none(fields.get("pr")),
         paused=fields.get("p") == "1",
-        weight=int_or_none(fields.get("wt")),
+        weight=int_or_none(fields.get(WEIGHT)),
         ordering="exclusive" if fields.get("o") == "exclusive" else None,
     )
 
@@ -310,5 +311,5 @@ def queue_settings_of(fields: dict[str, str]) -> QueueSettings:
         group_rate=group_rate,
         priority_aging=None if aging is None else aging / 1000,
         paused=fields.get("pause") == "1",
-        group_weight=int_or_none(fields.get("wt")) or 1,
+        group_weight=int_or_none(fields.get(WEIGHT)) or 1,
     )
