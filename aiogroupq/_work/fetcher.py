@@ -400,8 +400,7 @@ class Fetcher:
             if reconcile is not None:
                 wait = None
                 if not await self._recover(client, reconcile, backoff):
-                    await self._block(None, self._pause(backoff))
-                    backoff = min(backoff * 2, _BACKOFF_MAX)
+                    backoff = await self._back_off(backoff, self._pause(backoff))
                     continue
                 reconcile = None
             if wait is not None and not self._pops_with_claim(client, wait[0]):
@@ -431,8 +430,7 @@ class Fetcher:
                 ctx.slots.give(k)
                 wait = None
                 watch.refused(self._who, exc, leases=keys.leases)
-                await self._block(None, min(backoff, PROBE))
-                backoff = min(backoff * 2, _BACKOFF_MAX)
+                backoff = await self._back_off(backoff, min(backoff, PROBE))
                 continue
             except (*REDIS_FAILURES, QueueFullError) as exc:
                 ctx.slots.give(k)
@@ -445,8 +443,7 @@ class Fetcher:
                 # The script may have run and its reply been lost: what it
                 # claimed sits in our recovery key; give it back first.
                 reconcile = False
-                await self._block(None, backoff)
-                backoff = min(backoff * 2, _BACKOFF_MAX)
+                backoff = await self._back_off(backoff)
                 continue
             wait = None
             ctx.outage.succeeded()
@@ -468,8 +465,7 @@ class Fetcher:
                     len(reply.tasks),
                     backoff,
                 )
-                await self._block(None, backoff)
-                backoff = min(backoff * 2, _BACKOFF_MAX)
+                backoff = await self._back_off(backoff)
                 continue
             if heads == k or reply.more:
                 continue
@@ -477,6 +473,13 @@ class Fetcher:
             # a task due within a tick past the cap gets the timer too.
             due = 0 <= reply.wait_ms < (block_cap + _SERVER_TICK) * 1000
             wait = (reply.wait_ms / 1000 if due else block_cap, due)
+
+    async def _back_off(self, backoff: float, pause: float | None = None) -> float:
+        """The one way a fetcher backs off after a failed or refused call:
+        wait *pause* (default: *backoff*) unless woken, and return the
+        next backoff, doubled up to its cap."""
+        await self._block(None, backoff if pause is None else pause)
+        return min(backoff * 2, _BACKOFF_MAX)
 
     async def _claim(
         self, client: Client, k: int, *, pop: float | None = None
