@@ -535,7 +535,7 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
     async def consumers(self, *, limit: int = 1000) -> list[ConsumerInfo]:
         """The registered consumers, live ones first (latest heartbeat first),
         then those gone silent in the last few leases; each with what is
-        known of it now (:attr:`ConsumerInfo.status`: alive, silent, or gone,
+        known of it now (``ConsumerInfo.status``: alive, silent, or gone,
         its process not running on this host) and the tasks it holds on the
         server. One script call, and one pipeline per further partition.
 
@@ -565,7 +565,7 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
         are: what it holds is let go of; nothing of the consumer is deleted.
         Its registry entry stays, listed as gone, until it expires.)
 
-        :param name: the consumer's name (:attr:`ConsumerInfo.name`)
+        :param name: the consumer's name (``ConsumerInfo.name``)
         :return: how many tasks were handed back (0 for a consumer that holds
             none, or an unknown name)
         :raises ConsumerRunningError: while the consumer may be alive; its

@@ -34,7 +34,7 @@ from aiogroupq import (
 
 QUEUE = "consumer-tests"
 #: generous bound on any wait for work that takes milliseconds when healthy
-WAIT = 15.0
+WAIT = 30.0
 #: clock granularity allowed when comparing a start time with a due time
 #: (the server's TIME is read in whole milliseconds)
 CLOCK_SLACK = 0.005
@@ -648,26 +648,40 @@ async def test_stats_count_what_happened(
         elif payload == "broken":
             raise ValueError("always")
 
-    async with consumer(redis_client, {"t": work}) as c:
+    async with consumer(redis_client, {"t": work}, concurrency=16) as c:
         assert c.stats.claimed == c.stats.running == 0
         hold = await producer.enqueue("t", "hold")
         with anyio.fail_after(WAIT):
             await inside.wait()
         assert c.stats.running == 1
         assert c.stats.claimed == 1
-        release.set()
-        ids = [
-            hold,
-            await producer.enqueue("t", "flaky"),
-            await producer.enqueue("t", "broken", max_attempts=1),
-            await producer.enqueue("unknown", None),
-        ]
+        # Enqueued in one call while the consumer has 15 free slots: its
+        # next claim takes them together, and each finish call settles
+        # several, so a counter bumped per call instead of per task is off.
+        ids = await producer.enqueue_many(
+            [aiogroupq.Task("t", "ok", group=f"ok-{n}") for n in range(10)]
+            + [
+                aiogroupq.Task("t", "flaky", group="flaky"),
+                aiogroupq.Task("t", "broken", group="broken", max_attempts=1),
+                aiogroupq.Task("unknown", None, group="unknown"),
+            ]
+        )
         for task_id in ids:
             await wait_for(producer, task_id)
+        release.set()
+        await wait_for(producer, hold)
+        with anyio.fail_after(WAIT):  # its outcome is counted once recorded
+            while c.stats.running:
+                await anyio.sleep(0.01)
     stats = c.stats
     assert isinstance(stats, aiogroupq.ConsumerStats)
-    assert stats.claimed == 5  # hold, flaky twice, broken, unknown
-    assert (stats.succeeded, stats.retried, stats.dead) == (2, 1, 2)
+    assert stats.claimed == 15, (
+        f"claimed counts each task claimed (hold, 10 ok, flaky twice, broken, "
+        f"unknown), not each claim: {stats}"
+    )
+    assert (stats.succeeded, stats.retried, stats.dead) == (12, 1, 2), (
+        f"succeeded: hold, 10 ok, flaky; retried: flaky; dead: broken, unknown: {stats}"
+    )
     assert (stats.handed_back, stats.lease_lost, stats.running) == (0, 0, 0)
 
 

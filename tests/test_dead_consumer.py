@@ -192,14 +192,16 @@ async def test_a_late_heartbeat_is_silent_and_says_when_the_task_is_recovered(
     assert quiet.state == "silent"
     assert quiet.alive
     assert quiet.heartbeat_every == 20.0
-    assert quiet.status.startswith("silent for 40.")
+    # 40 s and whatever the machine took since (up to the lease's 60 s).
+    assert re.match(r"silent for [45]\d\.\ds", quiet.status), quiet.status
     assert quiet.status.endswith("s (heartbeat due every 20.0s)")
 
     info = await admin.group_info("g")
     print(info.reason)  # noqa: T201
-    assert info.reason.startswith(
-        f"1 running, but task {task_id}'s consumer quiet is silent for 40."
-    )
+    assert re.match(
+        rf"1 running, but task {task_id}'s consumer quiet is silent for [45]\d\.",
+        info.reason,
+    ), info.reason
     lease = info.holders[0].lease_deadline
     assert lease is not None
     assert (
@@ -312,7 +314,7 @@ async def test_the_dashboard_shows_the_same(
             assert "dead elsewhere" not in page
             assert re.search(r"dead \S+ \d+ gone gone \(pid not running\) 1 1 ", page)
             assert re.search(
-                r"quiet elsewhere 4242 silent silent for 40\.\ds \(heartbeat due "
+                r"quiet elsewhere 4242 silent silent for [45]\d\.\ds \(heartbeat due "
                 r"every 20\.0s\) 0 1 ",
                 page,
             )

@@ -25,6 +25,7 @@ from aiogroupq._store import scripts as _scripts
 from aiogroupq._store.keys import QueueKeys
 
 from ._journal import Job, Journal, Options, consumer_processes
+from ._settle import assert_all_done, producer_states, until_idle
 
 #: liveness only: a drain of these backlogs takes a few seconds
 PATIENCE = 60.0
@@ -138,8 +139,7 @@ async def test_estimates_of_a_steady_drain_are_within_a_quarter(
                 assert found is not None, n
                 assert found.position >= 100, found
                 estimates.append(found)
-            with anyio.fail_after(PATIENCE):
-                await journal.wait_done(len(jobs))
+            await assert_all_done(redis_url, queue, journal, (j.n for j in jobs))
     started = await _started(journal)
     for kind, chosen in (
         ("ready line", [e for e in estimates if not e.group_limited]),
@@ -255,9 +255,9 @@ async def test_a_queue_that_never_asks_keeps_no_counter(
             ]
         )
         async with _consuming(redis_url, queue, sleep=0.0, concurrency=8):
-            with anyio.fail_after(PATIENCE):
-                while await producer.status(ids[-1]) != "succeeded":
-                    await anyio.sleep(0.05)
+            await until_idle(redis_url, queue)
+    states = await producer_states(redis_url, queue, ids)
+    assert states == {"succeeded": len(ids)}, states
     assert await redis_client.exists(keys.starts) == 0
     assert await redis_client.hget(keys.conf, "est") is None
 
@@ -325,8 +325,9 @@ async def test_a_rate_limited_group_is_estimated_at_its_rate(
                 # second, so the tasks before it take that long at least.
                 assert found.wait >= (found.position - limit) / limit, found
                 estimates.append(found)
-            with anyio.fail_after(PATIENCE):
-                await journal.wait_done(len(slow) + len(others))
+            await assert_all_done(
+                redis_url, queue, journal, (j.n for j in [*slow, *others])
+            )
     started = await _started(journal)
     errors = _errors(estimates, started)
     _report("rate-limited group", estimates, errors, started)
@@ -365,8 +366,7 @@ async def test_a_partitioned_queue_is_estimated_per_partition(
                 # Its own partition's rate, beside the queue's (the sum).
                 assert found.queue_rate_per_s > found.rate_per_s > 0
                 estimates.append(found)
-            with anyio.fail_after(PATIENCE):
-                await journal.wait_done(len(jobs))
+            await assert_all_done(redis_url, queue, journal, (j.n for j in jobs))
     for p in range(4):  # each partition counted its own starts
         assert await redis_client.exists(QueueKeys(queue, p).starts) == 1
     started = await _started(journal)
@@ -675,10 +675,9 @@ async def test_a_busy_drain_counts_every_start(
             async with aiogroupq.Consumer(
                 redis_client, queue=queue, handlers={"work": work}, concurrency=32
             ):
-                with anyio.fail_after(PATIENCE):
-                    while ran < n:
-                        await anyio.sleep(0.02)
+                await until_idle(redis_url, queue)
         (last_s, _) = await redis_client.time()
+    assert ran == n, f"{ran} of {n} tasks ran though the queue is idle"
     # Preconditions: claims took many tasks at once, and the whole drain
     # lies in the counter's 30 s window (a liveness bound: seconds here).
     assert claims < n / 2, f"{claims} claims for {n} tasks: mostly one at a time"

@@ -7,7 +7,6 @@ only where strict. The scripts' exact behaviour is in the model test
 
 from __future__ import annotations
 
-import anyio
 import pytest
 import redis.asyncio
 
@@ -29,8 +28,7 @@ from ._scripts_helpers import (
     new,
     ok,
 )
-
-LIVENESS = 60.0
+from ._settle import assert_all_done, until_done
 
 
 def _show(name: str, **figures: object) -> None:
@@ -76,11 +74,10 @@ async def test_later_tasks_run_during_a_retry_backoff_one_at_a_time(
         concurrency=4,
         retry_backoff=1.0,
     ):
-        with anyio.fail_after(LIVENESS):
-            await journal.wait_done(3)  # x's later tasks, during the backoff
-            found = await _fsck.examine(redis_client, QueueKeys(queue))
-            problems_meanwhile += found.problems
-            await journal.wait_done(len(jobs))
+        await until_done(redis_url, queue, journal, 3)  # x's later, in the backoff
+        found = await _fsck.examine(redis_client, QueueKeys(queue))
+        problems_meanwhile += found.problems
+        await assert_all_done(redis_url, queue, journal, (j.n for j in jobs))
     entries = await journal.entries()
     figures = check(entries, {j.n: j for j in jobs})
     x, s = _starts(entries, "x"), _starts(entries, "s")
@@ -126,8 +123,7 @@ async def test_exclusion_holds_across_processes_with_retries(
         await producer.enqueue_many(
             [aiogroupq.Task("work", job, group=job.group) for job in jobs]
         )
-        with anyio.fail_after(LIVENESS):
-            await journal.wait_done(len(jobs))
+        await assert_all_done(redis_url, queue, journal, (j.n for j in jobs))
     figures = check(await journal.entries(), {j.n: j for j in jobs})
     _show(
         "exclusive-mp",

@@ -306,7 +306,9 @@ async def test_drain_times_out_with_what_was_left(
                 redis_client,
                 queue=QUEUE,
                 handlers={"stuck": stuck},
-                timeout=0.5,
+                # Long enough for the claim to happen on a stalled machine:
+                # the task must be running, not still ready, when it ends.
+                timeout=5.0,
                 grace_period=0.1,
             )
     (outcome,) = caught.value.outcomes
@@ -447,3 +449,61 @@ async def test_run_inline_runs_a_batch_handler_on_a_list_of_payloads() -> None:
         await run_inline(
             aiogroupq.Handler(short, batch_size=3, store_result=True), [one, two]
         )
+
+
+async def test_run_inline_lets_batch_failed_through_as_raised() -> None:
+    async def rows(batch: list[int]) -> None:
+        raise aiogroupq.BatchFailed(1, ValueError(f"bad {batch[1]}"))
+
+    with pytest.raises(aiogroupq.BatchFailed) as caught:
+        await run_inline(aiogroupq.Handler(rows, batch_size=3), [10, 11, 12])
+    assert caught.value.done == 1
+    assert str(caught.value.error) == "bad 11"
+
+
+@pytest.mark.parametrize("done", [0, 1, 2, 4, 5, 7])
+async def test_drain_reports_each_task_of_a_batch_that_failed_part_way(
+    redis_client: redis.asyncio.Redis, done: int
+) -> None:
+    """BatchFailed(done=k) on a batch of 5: the first k succeeded with no
+    result, the next one failed (dead: one attempt), the rest went back
+    unjudged and ran in the next batch; each outcome says so."""
+    calls: list[list[int]] = []
+
+    async def rows(batch: list[int]) -> list[str]:
+        calls.append(batch)
+        if len(calls) == 1:
+            raise aiogroupq.BatchFailed(done, ValueError(f"bad {done}"))
+        return [f"r{n}" for n in batch]
+
+    async with aiogroupq.Producer(redis_client, queue=QUEUE) as producer:
+        ids = await producer.enqueue_many(
+            [aiogroupq.Task("rows", n, group="g", max_attempts=1) for n in range(5)]
+        )
+    outcomes = await drain(
+        redis_client,
+        queue=QUEUE,
+        handlers={"rows": aiogroupq.Handler(rows, batch_size=5)},
+        retry_backoff=0.01,
+    )
+    assert calls[0] == [0, 1, 2, 3, 4], calls
+    assert calls[1:] == ([list(range(done + 1, 5))] if done < 4 else []), calls
+    by_id = {o.id: o for o in outcomes}
+    got = []
+    for n, task_id in enumerate(ids):
+        o = by_id[task_id]
+        error = None if o.error is None else f"{type(o.error).__name__}: {o.error}"
+        got.append((n, o.state, o.attempts, o.result, error))
+    succeeded, dead = aiogroupq.TaskState.SUCCEEDED, aiogroupq.TaskState.DEAD
+    want = [
+        (n, succeeded, 1, None, None)
+        if n < done
+        else (n, dead, 1, None, f"ValueError: bad {done}")
+        if n == done
+        else (n, succeeded, 1, f"r{n}", None)
+        for n in range(5)
+    ]
+    assert got == want, (
+        f"BatchFailed(done={done}): the first {done} succeeded, task {done} "
+        f"failed, the rest ran again"
+    )

@@ -76,8 +76,13 @@ async def consistent(client: redis.asyncio.Redis) -> None:
     assert (await _fsck.examine(client, KEYS)).problems == []
 
 
-def near(value: float | None, target: float, slack: float = 5.0) -> bool:
-    return value is not None and target - slack <= value <= target + slack
+def near(
+    value: float | None, target: float, slack: float = 5.0, stall: float = 30.0
+) -> bool:
+    """*value* is *target* give or take *slack*, or up to *stall* seconds
+    older: *target* is read after *value* was written, and a busy machine
+    may pause between the two."""
+    return value is not None and target - slack - stall <= value <= target + slack
 
 
 def hms(at: float | None) -> str:
@@ -417,7 +422,7 @@ async def test_a_payload_of_many_values_keeps_its_type_size_and_enqueue_time(
         "bulk",
         len(encode_payload(payload)),
     )
-    assert near(details.enqueued_at, int(task_id[:12], 16) / 1000, 0.002)
+    assert near(details.enqueued_at, int(task_id[:12], 16) / 1000, 0.002, stall=0)
 
 
 @pytest.mark.parametrize("task_type", ["t", "send_invoice_email"])

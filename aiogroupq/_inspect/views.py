@@ -109,9 +109,9 @@ class GroupTask:
     :ivar consumer_heartbeat: for a running task, its consumer's latest
         heartbeat, if the registry still has it
     :ivar consumer_state: for a running task, its consumer's
-        :data:`ConsumerState`; ``None`` otherwise
+        state (``"alive"``, ``"silent"`` or ``"gone"``); ``None`` otherwise
     :ivar consumer_status: for a running task, its consumer's state in
-        words, as :attr:`ConsumerInfo.status`; ``None`` otherwise
+        words, as ``ConsumerInfo.status``; ``None`` otherwise
     """
 
     id: str
@@ -225,7 +225,7 @@ class ConsumerInfo:
         same name starts it again)
     :ivar in_flight: tasks it holds now: its recovery keys on the server,
         where a dead consumer's tasks stay until they are recovered (in
-        :attr:`QueueStats.consumers`: the count of its latest heartbeat)
+        ``QueueStats.consumers``: the count of its latest heartbeat)
     :ivar concurrency: handlers it runs at once
     :ivar lease_ttl: its lease, in seconds: silent longer, it counts as gone
     :ivar stats: its counters at its latest heartbeat
@@ -371,9 +371,9 @@ class TaskDetails:
     :ivar consumer_heartbeat: for a running task, its consumer's latest
         heartbeat, if the registry still has it
     :ivar consumer_state: for a running task, its consumer's
-        :data:`ConsumerState`; ``None`` otherwise
+        state (``"alive"``, ``"silent"`` or ``"gone"``); ``None`` otherwise
     :ivar consumer_status: for a running task, its consumer's state in
-        words, as :attr:`ConsumerInfo.status`; ``None`` otherwise
+        words, as ``ConsumerInfo.status``; ``None`` otherwise
     """
 
     id: str
