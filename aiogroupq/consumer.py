@@ -33,6 +33,7 @@ from ._store import layout as _layout, validate as _validate
 from ._store.connection import Client, RedisLike, open_client
 from ._store.failures import translated_errors
 from ._store.partition import Partitions, check_count
+from ._store.restart_risk import restart_risk
 from ._store.server_checks import check_replicas, check_server
 from ._store.validate import setting_int, setting_seconds
 from ._telemetry.events import Observer, Observers, check_observers
@@ -302,6 +303,8 @@ class Consumer:
                 await _layout.open_layout(client, self._parts, self._requested)
             if self._replication is not None:
                 await check_replicas(client)
+            if (risk := await restart_risk(client)) is not None:
+                logger.warning("%s", risk)
             with translated_errors():
                 await self._leases.identity.acquire(client)
             # Registered (aiogroupq consumers) before it claims anything; each

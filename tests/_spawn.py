@@ -16,6 +16,11 @@ import anyio
 ROOT = Path(__file__).resolve().parents[1]
 #: liveness only: how long anything may take before we call it hung
 PATIENCE = 60.0
+#: run ``argv[1:]`` with SIGINT ignored (kept across exec)
+_SIGINT_IGNORED = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+    "os.execv(sys.argv[1], sys.argv[1:])"
+)
 
 
 class Proc:
@@ -24,6 +29,8 @@ class Proc:
     :param env: the child's environment (default: ours)
     :param new_session: start it in a session of its own, like a shell job,
         so that a signal to our process group does not reach it
+    :param sigint_ignored: start it with SIGINT ignored, as a shell without
+        job control starts a background job (``cmd &`` in a script)
     """
 
     def __init__(
@@ -33,11 +40,15 @@ class Proc:
         *,
         env: Mapping[str, str] | None = None,
         new_session: bool = False,
+        sigint_ignored: bool = False,
     ) -> None:
         self.log = log
+        argv = [sys.executable, "-m", "aiogroupq", *args]
+        if sigint_ignored:
+            argv = [sys.executable, "-c", _SIGINT_IGNORED, *argv]
         with open(log, "wb") as out:
             self.popen = subprocess.Popen(
-                [sys.executable, "-m", "aiogroupq", *args],
+                argv,
                 cwd=ROOT,
                 env=env,
                 stdin=subprocess.DEVNULL,

@@ -480,3 +480,58 @@ async def test_pause_group_refused_a_command_raises_permission_denied(
         assert await admin.group_settings("g") == aiogroupq.GroupSettings(
             concurrency=2, weight=3, paused=True
         )
+
+
+# -- the repair under an operator's rule -----------------------------------------
+
+
+def _repair_checks() -> set[str]:
+    """The commands repair.lua asks about before any write (its
+    ``BEYOND_WORKER`` list), lower case."""
+    source = files("aiogroupq").joinpath("_lua", "repair.lua").read_text("utf-8")
+    listed = re.search(r"local BEYOND_WORKER = \{([^}]*)\}", source)
+    assert listed is not None, "repair.lua lists no BEYOND_WORKER"
+    return {name.lower() for name in re.findall(r"'([A-Z]+)'", listed[1])}
+
+
+def test_the_repair_asks_about_every_command_beyond_the_worker_rule() -> None:
+    needed = script_commands(lambda name: name == "repair.lua") - worker_commands()
+    assert _repair_checks() == needed
+    docs = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
+    wanted = " ".join(f"+{c}" for c in sorted(needed))
+    assert f"add the worker rule and `{wanted}`" in docs
+
+
+async def _dump(client: redis.asyncio.Redis, pattern: str) -> dict[object, object]:
+    """Every key matching *pattern*, serialized (``DUMP``)."""
+    return {key: await client.dump(key) for key in await client.keys(pattern)}
+
+
+async def test_a_repair_refused_a_command_writes_nothing_and_says_so(
+    redis_client: redis.asyncio.Redis, redis_url: str
+) -> None:
+    # An operator with the worker rule and +@read (what the check needs)
+    # lacks LINSERT, which putting a lost task back in its line calls: the
+    # refusal came as a plain ERR from inside repair.lua, after the step's
+    # earlier writes.
+    from . import _damage
+
+    q = await _damage.build(redis_client)
+    await _damage.DAMAGES["lost-in-line"][0](q)
+    pattern = _damage.KEYS.pattern()
+    before = await _dump(redis_client, pattern)
+    user = f"aiogroupq-repair-{os.getpid()}"
+    execute: Any = redis_client.execute_command
+    rule = _rule(_damage.QUEUE)
+    await execute("ACL", "SETUSER", user, *rule, "+@read", "+multi", "+exec")
+    url = redis_url.replace("redis://", f"redis://{user}:worker-pw@")
+    try:
+        assert await aiogroupq.check_queue(url, _damage.QUEUE)  # it may read
+        with pytest.raises(aiogroupq.PermissionDeniedError, match="NOPERM") as caught:
+            await aiogroupq.repair_queue(url, _damage.QUEUE)
+    finally:
+        await redis_client.acl_deluser(user)
+    print(caught.value)  # noqa: T201
+    assert "linsert" in str(caught.value)
+    assert await _dump(redis_client, pattern) == before  # nothing written
+    assert await aiogroupq.repair_queue(redis_client, _damage.QUEUE)  # as admin

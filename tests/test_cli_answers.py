@@ -28,7 +28,7 @@ from aiogroupq import GroupSettings, GroupState
 from aiogroupq._cli.permissions import OPERATOR_READS
 from aiogroupq.testing._server import free_port
 
-from ._spawn import PATIENCE, Spawn, children_of, poll, running
+from ._spawn import PATIENCE, Proc, Spawn, children_of, poll, running
 from .test_acl import OPERATOR_SCRIPTS, _rule, worker_commands
 from .test_cli_ops import QUEUE, cli, dead_letters
 
@@ -323,10 +323,29 @@ async def test_a_refused_queue_is_one_line(worker_user_url: str) -> None:
 # -- aiogroupq server --------------------------------------------------------------
 
 
-async def test_server_runs_until_ctrl_c(spawn: Spawn) -> None:
+@pytest.mark.parametrize("inherited", ["default", "ignored"])
+async def test_server_runs_until_ctrl_c(
+    spawn: Spawn, tmp_path: Path, inherited: str
+) -> None:
+    # "ignored": started as a shell script's background job (``cmd &``),
+    # which runs with SIGINT ignored; a Ctrl-C sent to it still stops it.
     port = free_port()
     url = f"redis://127.0.0.1:{port}/0"
-    server = spawn("server", "--port", str(port))
+    if inherited == "ignored":
+        server = Proc(
+            ["server", "--port", str(port)],
+            tmp_path / "server.log",
+            sigint_ignored=True,
+        )
+    else:
+        server = spawn("server", "--port", str(port))
+    try:
+        await _serves_until_sigint(server, url)
+    finally:
+        server.kill()  # a failed test leaves no process behind
+
+
+async def _serves_until_sigint(server: Proc, url: str) -> None:
     await server.wait_for_output(f"export REDIS_URL={url}")
     assert "throwaway" in server.output
     children = children_of(server.popen.pid) if ON_LINUX else []

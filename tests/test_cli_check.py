@@ -16,6 +16,7 @@ import pytest
 import redis.asyncio
 
 import aiogroupq
+from aiogroupq.testing._server import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -81,6 +82,20 @@ async def test_a_port_that_is_not_redis_is_one_line_and_exit_2(
     lines = (out + err).strip().splitlines()
     assert len(lines) == 1, lines
     assert lines[0].startswith(f"aiogroupq {' '.join(command[:1])}"), lines
+    assert f"127.0.0.1:{http_port} did not answer as a Redis server" in lines[0]
+
+
+async def test_the_dashboard_refuses_a_port_that_is_not_redis(http_port: int) -> None:
+    # It started serving pages that could never show anything.
+    pytest.importorskip("uvicorn")
+    url = f"redis://127.0.0.1:{http_port}/0"
+    code, out, err = await aiogroupq_cli(
+        "dashboard", "--queue", "q", "--redis-url", url, "--port", str(free_port())
+    )
+    assert code == 2, (out, err)
+    lines = (out + err).strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("aiogroupq dashboard: error: "), lines
     assert f"127.0.0.1:{http_port} did not answer as a Redis server" in lines[0]
 
 

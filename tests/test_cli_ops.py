@@ -149,6 +149,24 @@ async def test_a_queue_that_does_not_exist_is_named(redis_url: str) -> None:
     assert run.json()["exists"] is False
 
 
+async def test_a_misspelt_queue_gets_did_you_mean(
+    redis_url: str, redis_client: redis.asyncio.Redis
+) -> None:
+    # As aiogroupq check says it: the operator commands said only "does
+    # not exist".
+    for queue in ("orders", "orders-eu", "billing"):
+        async with aiogroupq.Producer(redis_client, queue=queue) as producer:
+            await producer.enqueue("t")
+    for command in (["stats"], ["groups"], ["pause"]):
+        run = await cli(*command, url=redis_url, queue="ordrs")
+        assert run.code == 1, run
+        assert "queue 'ordrs' does not exist" in run.err
+        assert run.err.rstrip().endswith("; did you mean 'orders' or 'orders-eu'?")
+    run = await cli("stats", url=redis_url, queue="zzzzzz")
+    assert run.code == 1, run
+    assert "did you mean" not in run.err
+
+
 # -- reading -------------------------------------------------------------------
 
 
@@ -302,6 +320,33 @@ async def test_dead_list_and_show(
     run = await cli("dead", "show", live, url=redis_url)
     assert run.code == 1
     assert "is not dead: it is queued" in run.err
+
+
+async def _sent(client: redis.asyncio.Redis) -> int:
+    """Bytes the server has sent to its clients so far."""
+    return int((await client.info("stats"))["total_net_output_bytes"])
+
+
+async def test_dead_list_reads_no_payload_for_its_table(
+    redis_url: str, redis_client: redis.asyncio.Redis
+) -> None:
+    # The table shows no payload, yet every letter's payload was read whole:
+    # megabytes from Redis for a table of a few lines.
+    letters, blob = 6, "x" * (400 * 1024)
+    async with aiogroupq.Producer(redis_client, queue=QUEUE) as producer:
+        ids = [
+            await producer.enqueue("t", blob, max_attempts=1) for _ in range(letters)
+        ]
+    await finish(redis_client, await claim(redis_client, letters), "dead")
+    before = await _sent(redis_client)
+    run = await cli("dead", "list", url=redis_url)
+    sent = await _sent(redis_client) - before
+    assert run.code == 0, run
+    assert {line.split()[0] for line in run.out.splitlines()[1:]} == set(ids)
+    print(f"dead list read {sent} bytes for {letters} letters")  # noqa: T201
+    assert sent < len(blob), sent  # less than one payload
+    run = await cli("dead", "list", "--json", url=redis_url)
+    assert [d["payload"] for d in run.json()] == [blob] * letters
 
 
 async def test_dead_requeue_and_purge_all_show_progress(

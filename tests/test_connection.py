@@ -564,3 +564,51 @@ def test_server_versions_are_read_as_major_minor(
     text: object, expected: tuple[int, int] | None
 ) -> None:
     assert _server_checks._version(text) == expected
+
+
+# -- a demoted primary behind a plain URL ------------------------------------------
+
+
+async def _errors(client: redis.asyncio.Redis, code: str) -> int:
+    """How many error replies with this code the server has sent."""
+    stats: Any = await client.info("errorstats")
+    return int(stats.get(f"errorstat_{code}", {}).get("count", 0))
+
+
+async def test_a_readonly_reply_is_sent_again_until_the_server_is_promoted(
+    aiogroupq_server_factory: Callable[..., ServerProcess],
+) -> None:
+    # A plain redis:// URL of a managed endpoint that still leads to a
+    # primary demoted in a failover: it answers READONLY, having applied
+    # nothing, and the write goes on within its budget once the endpoint
+    # leads to a primary again (here the same server, promoted). It raised
+    # redis-py's ReadOnlyError at once.
+    primary = aiogroupq_server_factory()
+    node = aiogroupq_server_factory()
+    # The queue's keys on both: the node copies the primary's on demotion.
+    for server in (primary, node):
+        async with aiogroupq.Producer(server.url, queue=QUEUE) as producer:
+            await producer.enqueue("t", 1)
+    admin = redis.asyncio.Redis.from_url(node.url)
+    try:
+        async with aiogroupq.Producer(node.url, queue=QUEUE) as producer:
+            await admin.replicaof("127.0.0.1", primary.port)
+            with anyio.fail_after(PATIENCE):  # liveness only
+                while (await admin.info("replication")).get(
+                    "master_link_status"
+                ) != "up":
+                    await anyio.sleep(0.02)
+
+            async def promote_once_refused() -> None:
+                with anyio.fail_after(PATIENCE):
+                    while await _errors(admin, "READONLY") < 1:
+                        await anyio.sleep(0.02)
+                await admin.replicaof("NO", "ONE")
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(promote_once_refused)
+                task_id = await producer.enqueue("t", 2)
+            assert await producer.status(task_id) == "queued"
+        assert await _errors(admin, "READONLY") >= 1
+    finally:
+        await admin.aclose()

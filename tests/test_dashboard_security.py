@@ -358,7 +358,9 @@ async def test_the_dead_letter_page_does_not_read_hidden_payloads(
         f"{read[True]:,} B with payloads shown ({total:,} B of payloads)"
     )
     assert read[False] < total / 100
-    assert read[True] > total  # the figure measures what it claims to
+    # Shown, each letter's preview is read (a bounded prefix of its envelope),
+    # never its whole payload: more than hidden, far less than the payloads.
+    assert read[False] < read[True] < total / 10
 
 
 async def test_dead_letters_without_payloads_keep_the_rest(

@@ -286,6 +286,27 @@ async def test_a_demoted_primary_s_readonly_reply_is_retried_on_the_new_one(
     assert refused.get("count", 0) >= 1, refused
 
 
+async def test_an_enqueue_while_no_primary_is_known_was_never_sent(
+    deployment: SentinelSet,
+) -> None:
+    # Asked where the primary is, the sentinels name none (here they forgot
+    # the service; a failover without a replica to promote reads the same):
+    # the client connects nowhere, so nothing was sent. It was reported as
+    # OutcomeUnknownError, as if the write might have been made.
+    async with aiogroupq.Producer(deployment.url, queue=QUEUE) as producer:
+        await producer.enqueue("work", 1, group="g")
+        for sentinel in deployment.sentinels:
+            with deployment.client(sentinel) as c:
+                c.execute_command("SENTINEL", "REMOVE", deployment.service)
+        # Its next connection asks the sentinels.
+        await producer._client.connection_pool.disconnect()  # type: ignore[union-attr]
+        with pytest.raises(aiogroupq.RedisUnavailableError) as caught:
+            await producer.enqueue("work", 2, group="g")
+    print(repr(caught.value))  # noqa: T201
+    assert not isinstance(caught.value, aiogroupq.OutcomeUnknownError)
+    assert f"Sentinel service {deployment.service!r}" in str(caught.value)
+
+
 async def test_a_sentinel_client_object_is_the_other_way(
     deployment: SentinelSet,
 ) -> None:

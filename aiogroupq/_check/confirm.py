@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-from redis.exceptions import NoPermissionError, ResponseError
+from redis.exceptions import NoPermissionError, RedisClusterException, ResponseError
 
 from .problems import BAD_COUNT, Problem
 from .snapshot import (
@@ -330,13 +330,15 @@ def _task_reads(
 async def _execute(
     client: Client, reads: Sequence[_Read], atomic: bool
 ) -> list[Any] | None:
-    """The replies (errors in place), or None if ``MULTI`` is refused."""
+    """The replies (errors in place), or None if ``MULTI`` is refused: by
+    the user's ACL, or by a cluster client of a redis-py without cluster
+    transactions (before 6.0), whose refusal comes before anything is sent."""
     try:
         async with client.pipeline(transaction=atomic) as pipe:
             for command, args, _ in reads:
                 pipe.execute_command(command, *args)
             replies: list[Any] = await pipe.execute(raise_on_error=False)
-    except NoPermissionError:
+    except (NoPermissionError, RedisClusterException):
         if atomic:
             return None
         raise
@@ -344,11 +346,12 @@ async def _execute(
 
 
 async def _read_again(
-    client: Client, first: Snapshot, inv: _Involved
-) -> tuple[Snapshot, list[str]]:
-    """A copy of *first* with the involved keys read again, and the tasks
-    to read as well in another round (see the end)."""
-    snap = copy.deepcopy(first)
+    client: Client, snap: Snapshot, inv: _Involved
+) -> list[str]:
+    """Read the involved keys again into *snap* (a copy of the first
+    reading; a later round reads a superset of the keys, so it may patch
+    the same copy again); return the tasks to read as well in another round
+    (see the end)."""
     fresh = _Fresh()
     keys = snap.keys
 
@@ -397,7 +400,7 @@ async def _read_again(
             and task.consumer not in inv.owners.get(task_id, set())
         ):
             missing.add(task_id)
-    return snap, sorted(missing)
+    return sorted(missing)
 
 
 def _patch_lists(snap: Snapshot, fresh: _Fresh) -> None:
@@ -448,9 +451,11 @@ async def confirm(
     if not problems:
         return Confirmed(first, [])
     inv = _involved(first, problems)
-    snap = first
+    # One copy for every round (a deep copy of a large queue's reading costs
+    # seconds and its memory again).
+    snap = copy.deepcopy(first)
     for _ in range(_ROUNDS):
-        snap, more = await _read_again(client, first, inv)
+        more = await _read_again(client, snap, inv)
         if not more:
             break
         for task_id in more:

@@ -15,9 +15,13 @@ import os
 import sys
 from typing import TYPE_CHECKING, Final
 
+import anyio
+
 from .._dashboard._hosts import LOOPBACK
+from .._store.connection import CALL_BUDGET, open_client, safe_url
+from .._store.failures import unavailable_as_error
 from .._store.keys import validate_queue_name
-from ..errors import ConfigurationError, MissingExtraError
+from ..errors import ConfigurationError, MissingExtraError, RedisUnavailableError
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -119,10 +123,13 @@ def _port(text: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGINT or SIGTERM; return the exit status (2 for a bad
-    command line or a missing extra)."""
+    command line, a missing extra, or a ``--redis-url`` that reaches no
+    Redis server it may use)."""
     try:
         app = _build(args)
         import uvicorn
+
+        _probe(args.redis_url)
     except (ConfigurationError, MissingExtraError) as exc:
         print(f"aiogroupq dashboard: error: {exc}", file=sys.stderr)
         return 2
@@ -154,6 +161,36 @@ def run(args: argparse.Namespace) -> int:
     server.run()
     # uvicorn returns when it could not bind, as well as after a signal.
     return 0 if server.started else 1
+
+
+def _probe(url: str) -> None:
+    """Connect once before serving: a URL that no wait will mend (another
+    protocol on the port, refused credentials, a cluster node without
+    ``redis+cluster://``) is refused as every command refuses it. A Redis
+    that is down is only said: the pages say so until it is back.
+
+    :raises ConfigurationError: for such a URL
+    """
+    try:
+        anyio.run(_ping, url)
+    except RedisUnavailableError as exc:
+        print(
+            f"aiogroupq dashboard: warning: Redis at {safe_url(url)} does not "
+            f"answer now ({exc.detail}); the pages say so until it does",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+@unavailable_as_error
+async def _ping(url: str) -> None:
+    # One try: the server answers, refuses, or is down; a frozen one is
+    # given up on as a call of ours would.
+    async with open_client(url, retry=False) as client:
+        with anyio.move_on_after(CALL_BUDGET) as scope:
+            await client.ping()
+    if scope.cancelled_caught:
+        raise RedisUnavailableError(f"no reply within {CALL_BUDGET:.1f} s")
 
 
 def _build(args: argparse.Namespace) -> Starlette:

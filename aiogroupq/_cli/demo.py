@@ -39,6 +39,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Sequence
 from contextlib import ExitStack, asynccontextmanager, suppress
@@ -157,7 +158,15 @@ def run_demo(
                     )
                     try:
                         with stop.raising():
-                            server = stack.enter_context(ServerProcess())
+                            server = stack.enter_context(
+                                ServerProcess(
+                                    # Killed with the demo if it is killed
+                                    # (kill -9): only where this thread is
+                                    # the main one, which ends with us.
+                                    die_with_parent=threading.current_thread()
+                                    is threading.main_thread()
+                                )
+                            )
                     except ServerStartError as exc:
                         console.say(f"aiogroupq demo: error: {exc}", err=True)
                         return 2

@@ -31,11 +31,12 @@ import traceback
 
 import anyio
 
-from .._check.check import examine, similar_queues
+from .._check.check import examine
 from .._check.repair import repair_partitions
 from .._inspect.printable import json_printable, printable
-from .._store.connection import safe_url
+from .._store.connection import open_client, safe_url
 from .._store.keys import QueueKeys
+from .._store.restart_risk import restart_risk
 from .._telemetry.log import LogFormat, configure as configure_logging
 from ..errors import AiogroupqError, ConfigurationError, RedisUnavailableError
 from . import (
@@ -45,6 +46,7 @@ from . import (
     worker as _cli_worker,
 )
 from .args import parse
+from .near import did_you_mean
 from .stdout import StdoutClosed, closed_stdout, complain, say
 from .target import UsageError
 
@@ -119,11 +121,14 @@ async def _check(redis_url: str, queue: str, repair: bool, max_payload: int) -> 
     try:
         QueueKeys(queue)  # a bad name is refused before connecting
         found = await examine(redis_url, queue, max_payload=max_payload)
+        async with open_client(redis_url, retry=True) as client:
+            # Advisory: said, but not a problem of the queue's keys.
+            if (risk := await restart_risk(client)) is not None:
+                say(f"warning: {risk}")
         if found.empty:
             # Most likely a misspelt name or another database: "0 problems"
             # would read as a clean bill of health.
-            near = await similar_queues(redis_url, queue)
-            hint = f"; did you mean {' or '.join(map(repr, near))}?" if near else ""
+            hint = await did_you_mean(redis_url, queue)
             say(f"queue {queue!r} has no keys (check the name and the database){hint}")
             return 0
         for problem in found.problems:

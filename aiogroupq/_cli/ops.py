@@ -44,6 +44,7 @@ from .._store.settings import GroupSettings
 from ..admin import MAX_PAGE, Admin
 from ..errors import AiogroupqError, ConsumerRunningError, TaskNotFoundError
 from ..producer import Producer
+from .near import did_you_mean
 from .ops_args import QUEUE_ENV
 from .permissions import explain, is_refusal
 from .stdout import complain, say
@@ -58,6 +59,11 @@ COMMANDS: Final = frozenset(
 
 class _Failed(Exception):
     """A command that ran but found nothing to act on: exit status 1."""
+
+
+class _Missing(_Failed):
+    """The queue does not exist: :func:`_run` adds "did you mean" (it holds
+    the client the search needs)."""
 
 
 class _Usage(Exception):
@@ -114,6 +120,9 @@ async def _run(args: argparse.Namespace) -> int:
         handler = _HANDLERS[args.command]
         try:
             await handler(args, client, admin, producer)
+        except _Missing as exc:
+            hint = await did_you_mean(client, args.queue)
+            raise _Failed(f"{exc}{hint}") from None
         except Exception as exc:
             if not is_refusal(exc):
                 raise
@@ -134,8 +143,8 @@ async def _require_queue(
         raise _missing(args, hint)
 
 
-def _missing(args: argparse.Namespace, hint: str = "") -> _Failed:
-    return _Failed(
+def _missing(args: argparse.Namespace, hint: str = "") -> _Missing:
+    return _Missing(
         f"queue {args.queue!r} does not exist on this server: nothing was "
         "ever enqueued to it, configured or consumed (check --queue and "
         f"--redis-url){hint}"
@@ -284,7 +293,9 @@ async def _dead(
     args: argparse.Namespace, client: Client, admin: Admin, producer: Producer
 ) -> None:
     if args.action == "list":
-        letters = await admin.dead_letters(limit=args.limit)
+        # The table shows no payload: a letter of megabytes costs a few
+        # hundred bytes read instead (--json prints them whole).
+        letters = await admin.dead_letters(limit=args.limit, payloads=args.json)
         if not letters:
             await _require_queue(admin, args)
         if args.json:

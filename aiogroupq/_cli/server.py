@@ -97,7 +97,12 @@ def run(args: argparse.Namespace) -> int:
     # SIGTERM (from a process manager, or a terminal closing) stops the
     # server in order as Ctrl-C does: it runs in a process group of its own,
     # and would outlive us otherwise. A kill -9 of us kills it (Linux).
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    # SIGINT too, whatever we inherited: a shell without job control starts
+    # a background job with SIGINT ignored, and Python then leaves it so.
+    previous = {
+        signum: signal.signal(signum, _interrupt)
+        for signum in (signal.SIGTERM, signal.SIGINT)
+    }
     try:
         with ServerProcess(
             binary=binary,
@@ -120,7 +125,8 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _answers(port: int) -> bool:

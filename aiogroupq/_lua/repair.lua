@@ -70,6 +70,21 @@
 --- @include "groups"
 --- @include "ends"
 
+-- The commands a step may call beyond a worker's rule (docs/operations.md).
+-- One refused inside the script comes back as a plain ERR on Redis 7.0 and
+-- Valkey (its NOPERM code lost), after the step's earlier writes (scripts
+-- never roll back): each is asked about first, before any write, and a
+-- refusal is the NOPERM reply (raised as PermissionDeniedError).
+local BEYOND_WORKER = { 'HGETALL', 'LINSERT', 'LPOS', 'SISMEMBER', 'TYPE' }
+for _, command in ipairs(BEYOND_WORKER) do
+  if not redis.acl_check_cmd(command, K_READY) then
+    return redis.error_reply('NOPERM this user has no permissions to run the '
+      .. string.lower(command) .. ' command on ' .. K_READY .. ' (nothing was '
+      .. 'changed): a repair needs the worker rule and +hgetall +linsert '
+      .. '+lpos +sismember +type')
+  end
+end
+
 local op = ARGV[2]
 local LIVE = { queued = true, delayed = true, running = true }
 local TERMINAL = { succeeded = true, dead = true, cancelled = true, expired = true }

@@ -415,7 +415,16 @@ def new_client(redis: object, *, retry: bool) -> Client:
                 )
                 # redis-py 5 re-sends a command after a lost connection only
                 # for the errors listed here (later versions: the retry's).
-                kwargs["retry_on_error"] = [rexc.ConnectionError, rexc.TimeoutError]
+                # READONLY too: a primary demoted in a failover (a managed
+                # endpoint still pointing at it) refused the write, applying
+                # nothing (a replica applies no write of a client's, nor of
+                # a script's), and the re-send reconnects, where the
+                # endpoint now leads to the new primary.
+                kwargs["retry_on_error"] = [
+                    rexc.ConnectionError,
+                    rexc.TimeoutError,
+                    rexc.ReadOnlyError,
+                ]
             else:
                 kwargs["retry"] = Retry(NoBackoff(), 0)
             kwargs["redis_connect_func"] = _handshake

@@ -22,6 +22,7 @@ from contextvars import ContextVar
 from typing import Final, ParamSpec, TypeVar
 
 import redis.exceptions as rexc
+from redis.asyncio.sentinel import MasterNotFoundError
 
 from ..errors import (
     AiogroupqError,
@@ -154,10 +155,12 @@ _NEVER_CONNECTED: Final = frozenset({errno.ECONNREFUSED, errno.ENOENT})
 
 def refused_connect(exc: BaseException) -> bool:
     """Whether *exc* is a refusal to connect (by the socket error behind
-    it: connection refused, no such socket file, an unknown host name),
-    which happens before anything is sent."""
+    it: connection refused, no such socket file, an unknown host name), or
+    no primary known to a Sentinel service's sentinels (a client of it
+    asks them where to connect first): each happens before anything is
+    sent."""
     return any(
-        isinstance(link, socket.gaierror)
+        isinstance(link, socket.gaierror | MasterNotFoundError)
         or (isinstance(link, OSError) and link.errno in _NEVER_CONNECTED)
         for link in _chain(exc)
     )

@@ -40,6 +40,7 @@ fixture on the loop of the tests that use it.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -57,9 +58,22 @@ _ASYNCIO_FIXTURES = "aiogroupq-pytest-asyncio"
 def aiogroupq_server(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[ServerProcess]:
-    """A server process of this session (of this xdist worker)."""
-    with ServerProcess(workdir=tmp_path_factory.mktemp("aiogroupq-server")) as server:
+    """A server process of this session (of this xdist worker); killed with
+    the process that runs the tests if it dies (a crash, ``kill -9``, a
+    timeout), on Linux."""
+    with ServerProcess(
+        workdir=tmp_path_factory.mktemp("aiogroupq-server"),
+        die_with_parent=_in_main_thread(),
+    ) as server:
         yield server
+
+
+def _in_main_thread() -> bool:
+    """Whether a server started now may die with the thread starting it:
+    it dies when that thread ends, so only the main thread's, which lasts
+    as long as the process (pytest runs the session's fixtures there,
+    xdist's workers as well)."""
+    return threading.current_thread() is threading.main_thread()
 
 
 @pytest.fixture(scope="session")
