@@ -18,9 +18,11 @@ from typing import TYPE_CHECKING
 import anyio
 import pytest
 import redis.asyncio
+import redis.exceptions
 
 import aiogroupq
-from aiogroupq._store import connection as _connection
+from aiogroupq import ConfigurationError
+from aiogroupq._store import connection as _connection, failures as _failures
 from aiogroupq._store.keys import QueueKeys
 
 from .chaos._proxy import ChaosProxy
@@ -182,3 +184,17 @@ async def test_a_reply_cut_midway_is_resent_and_writes_each_task_once(
         f"reply cut once: {len(ids)} ids returned, {int(stats[b'enqueued']) - 1} "
         "written, none twice"
     )
+
+
+def test_a_reply_that_cannot_be_read_mid_call_is_an_unknown_outcome() -> None:
+    # Only a new connection's handshake meeting another protocol is "not a
+    # Redis server" (nothing sent); a broken reply to a sent enqueue may
+    # follow a write that landed.
+    with (
+        pytest.raises(aiogroupq.OutcomeUnknownError) as info,
+        _failures.outcome_of(["t1"], certain=lambda: True),
+    ):
+        raise redis.exceptions.InvalidResponse("Protocol Error: b'?'")
+    assert info.value.task_ids == ["t1"]
+    not_redis = _failures.NotRedisError("127.0.0.1:1", ValueError("HTTP/1.1"))
+    assert isinstance(_failures.as_aiogroupq_error(not_redis), ConfigurationError)

@@ -76,12 +76,17 @@ def as_aiogroupq_error(exc: BaseException) -> AiogroupqError | None:
         return ConfigurationError(NOT_A_CLUSTER_CLIENT)
     if isinstance(exc, rexc.RedisClusterException | rexc.ClusterError):
         return RedisUnavailableError(str(exc) or type(exc).__name__)
+    if isinstance(exc, NotRedisError):
+        # A new connection's handshake met another protocol (HTTP, TLS...)
+        # before anything was sent: waiting will not change that, the URL
+        # is wrong.
+        return ConfigurationError(str(exc))
     if isinstance(exc, rexc.InvalidResponse):
-        # Something answers on the port in another protocol (HTTP, TLS...):
-        # waiting will not change that, the URL is wrong.
-        if isinstance(exc, NotRedisError):
-            return ConfigurationError(str(exc))
-        return ConfigurationError(f"{NOT_REDIS} ({str(exc).rstrip('.')})")
+        # A reply that cannot be read, mid-call: the connection is broken, and
+        # what was sent may have been applied (an enqueue's outcome unknown).
+        return RedisUnavailableError(
+            f"the reply could not be read ({str(exc).rstrip('.')})"
+        )
     # Not OSError at large: the builtin TimeoutError is one, and
     # Producer.result raises it for its own timeout.
     if isinstance(exc, rexc.ConnectionError | rexc.TimeoutError | ConnectionError):
@@ -280,9 +285,6 @@ def gave_up(where: str, budget: float) -> str:
         return f"{where}: no reply within {budget:.1f} s"
     return f"{where}: {cause_of(last)}; gave up after {budget:.1f} s of retries"
 
-
-#: what a server that answers in another protocol than Redis's is told
-NOT_REDIS: Final = "the server did not answer as a Redis server"
 
 
 class NotRedisError(rexc.InvalidResponse):
