@@ -38,6 +38,7 @@ from ._inspect import (
     aggregate as _aggregate,
     consumers as _consumers,
     estimate as _estimate,
+    preview as _preview,
     reads as _reads,
 )
 from ._inspect.refusals import view_refusal
@@ -197,7 +198,7 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
         :raises InvalidGroupError: for a bad group name
         :raises ConfigurationError: for a bad setting
         """
-        name = _group_name(group)
+        name = _settings.group_name(group)
         fields = _settings.group_fields(
             concurrency=concurrency,
             rate=rate,
@@ -235,7 +236,7 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
         :raises InvalidGroupError: for a bad group name
         :raises ConfigurationError: for a bad setting, or none given
         """
-        name = _group_name(group)
+        name = _settings.group_name(group)
         args = _settings.update_args(
             concurrency=concurrency,
             rate=rate,
@@ -265,7 +266,7 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
 
         :raises CorruptQueueError: if its settings hash holds another type
         """
-        name = _group_name(group)
+        name = _settings.group_name(group)
         keys = (await self._current()).of_group(name)[-1]
         fields = await self._hash_fields(
             keys.group_conf(name), f"the settings of group {name!r} cannot be read"
@@ -287,7 +288,7 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
         typo, as ``aiogroupq pause`` does unless ``--create``, look first:
         :meth:`stats` (``exists``), :meth:`group_info` and
         :meth:`group_settings`."""
-        name = _group_name(group)
+        name = _settings.group_name(group)
         window_ms = round(START_WINDOW * 1000)
         wait_ms = 0
         for keys in (await self._current()).of_group(name):
@@ -304,7 +305,7 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
     @unavailable_as_error
     async def resume_group(self, group: str) -> None:
         """Let a paused group start tasks again, in order."""
-        name = _group_name(group)
+        name = _settings.group_name(group)
         for keys in (await self._current()).of_group(name):
             await _scripts.control(self._open_client(), keys, "resume", name)
 
@@ -414,7 +415,7 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
 
         :raises InvalidGroupError: for a bad group name
         """
-        name = _group_name(group)
+        name = _settings.group_name(group)
         return await _aggregate.group_info(
             self._open_client(), await self._current(), name
         )
@@ -561,9 +562,9 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
         its lease is over (the first claim after that recovers its tasks
         anyway; this hands them back without waiting for one).
 
-        (Named as :meth:`release_group` and the consumer's own clean exit
-        are: what it holds is let go of; nothing of the consumer is deleted.
-        Its registry entry stays, listed as gone, until it expires.)
+        Its registry entry stays, listed as gone, until it expires. A task
+        cancelled while it was held keeps its state for the default
+        retention (an hour), whatever the consumers' ``retention``.
 
         :param name: the consumer's name (``ConsumerInfo.name``)
         :return: how many tasks were handed back (0 for a consumer that holds
@@ -625,6 +626,15 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
         """
         ids = [_validate.task_id(t) for t in task_ids]
         return await requeue_dead(self._open_client(), await self._current(), ids)
+
+    @unavailable_as_error
+    async def payload_previews(self, *task_ids: str) -> dict[str, str]:
+        """The start of each dead letter's payload as text ("" for none), at
+        most 1.5 KiB of each read however large it is (a dead-letter page's)."""
+        ids = [_validate.task_id(t) for t in task_ids]
+        return await _preview.payload_previews(
+            self._open_client(), await self._current(), ids
+        )
 
     @unavailable_as_error
     async def purge_dead(self, *task_ids: str, all: bool = False) -> int:
@@ -714,7 +724,7 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
         :raises InvalidGroupError: for a bad group name
         :raises ConfigurationError: if *running* is not a bool
         """
-        name = _group_name(group)
+        name = _settings.group_name(group)
         if not isinstance(running, bool):
             raise ConfigurationError(f"running must be True or False, got {running!r}")
         client = self._open_client()
@@ -744,7 +754,7 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
             none, or unknown)
         :raises InvalidGroupError: for a bad group name
         """
-        name = _group_name(group)
+        name = _settings.group_name(group)
         client = self._open_client()
         done = 0
         for keys in (await self._current()).of_group(name):
@@ -787,10 +797,3 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
         if total > len(shown):
             shown.append(f"... and {total - len(shown)} more")
         return shown
-
-
-def _group_name(group: object) -> str:
-    name = _validate.group(group)
-    if name is None:
-        raise InvalidGroupError(group, "is None; name a group")
-    return name

@@ -65,6 +65,7 @@ ADMIN_CALLS: dict[str, AdminCall] = {
     "purge_dead": lambda a: a.purge_dead(all=True),
     "release_group": lambda a: a.release_group("g"),
     "release_consumer": lambda a: a.release_consumer("c"),
+    "payload_previews": lambda a: a.payload_previews("t"),
     "partitions": lambda a: a.partitions(),
     "start_repartition": lambda a: a.start_repartition(2),
     "finish_repartition": lambda a: a.finish_repartition(),

@@ -106,12 +106,11 @@ async def test_the_preview_reads_a_bounded_prefix_of_each_envelope(
     whole: Any = await redis_client.hget(keys.task(small), "e")
     assert heads[1] == whole
     async with aiogroupq.Admin(redis_client, queue=queue) as admin:
-        shown = await _preview.payload_previews(
-            admin._open_client(), await admin._current(), ids, width=30
-        )
-    assert shown == {
-        big: '{"blob": "yyyyyyyyyyyyyyyyyyyy…',
-        small: '{"n": 1}',
-        "damaged": "",
-        "missing": "",
-    }
+        shown = await admin.payload_previews(*ids)
+        with pytest.raises(aiogroupq.InvalidTaskError):
+            await admin.payload_previews("")  # not a task id: nothing read
+    assert shown[small] == '{"n": 1}'
+    assert shown[big].startswith('{"blob": "yyyy')
+    assert shown[big].endswith("…")
+    assert len(shown[big]) < 1000  # of a 400,000-byte payload
+    assert (shown["damaged"], shown["missing"]) == ("", "")

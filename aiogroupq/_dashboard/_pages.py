@@ -9,7 +9,6 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from .._inspect.preview import payload_previews
 from .._inspect.render import estimate_of, estimate_text
 from .._inspect.views import GroupInfo, GroupState
 from ..errors import AiogroupqError, InvalidGroupError, TaskNotFoundError
@@ -236,9 +235,7 @@ async def dead_page(dash: Dashboard, view: View) -> Response:
             and (not reason or reason.casefold() in d.reason.casefold())
         ]
         payloads = (
-            await payload_previews(
-                admin._open_client(), await admin._current(), [d.id for d in shown]
-            )
+            await admin.payload_previews(*(d.id for d in shown))
             if dash.show_payloads
             else {}
         )

@@ -24,8 +24,8 @@ async def restart_risk(client: Client) -> str | None:
     """A warning if a primary that *client* writes to has replicas and no
     AOF, else ``None`` (also when the server will not tell).
 
-    One round trip per primary (``INFO replication``, ``CONFIG GET``), each
-    within the budget of a call.
+    A few round trips per primary (``INFO replication``, ``CONFIG GET`` of
+    ``appendonly`` and ``save``), each within the budget of a call.
     """
     if isinstance(client, RedisCluster):
         nodes: list[ClusterNode | None] = list(client.get_primaries())

@@ -16,6 +16,7 @@ __all__ = (
     "Rate",
     "check_int",
     "group_fields",
+    "group_name",
     "group_settings_of",
     "int_or_none",
     "queue_args",
@@ -31,7 +32,7 @@ from datetime import timedelta
 from typing import Final, Literal
 
 from .._limits import MAX_CONCURRENCY, MAX_PRIORITY, MAX_WEIGHT
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, InvalidGroupError
 from . import validate as _validate
 from .schema import WEIGHT
 
@@ -313,3 +314,14 @@ def queue_settings_of(fields: dict[str, str]) -> QueueSettings:
         paused=fields.get("pause") == "1",
         group_weight=int_or_none(fields.get(WEIGHT)) or 1,
     )
+
+
+def group_name(group: object) -> str:
+    """*group* checked as a group's name.
+
+    :raises InvalidGroupError: for a bad name, or None
+    """
+    name = _validate.group(group)
+    if name is None:
+        raise InvalidGroupError(group, "is None; name a group")
+    return name

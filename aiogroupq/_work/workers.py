@@ -85,6 +85,7 @@ class Workers:
         slots, outcomes, submit = self.slots, self._outcomes, self._outcomes.submit
         routes, policy, observers = self._routes, self._policy, self._observers
         max_payload_bytes = self._max_payload_bytes
+        run_batch = self._run_batch  # one bound method, not one per task
         handoff = self.send
         waiting = handoff.items
         while True:
@@ -107,7 +108,7 @@ class Workers:
                     submit,
                     max_payload_bytes=max_payload_bytes,
                     observers=observers,
-                    batch=self._run_batch,
+                    batch=run_batch,
                 )
             finally:
                 if running.lost:
