@@ -152,8 +152,18 @@ async def test_a_running_consumer_outlives_a_damaged_queue_key(
             await _damage.wrong_type(name)(_damage.Queue(redis_client))
             damaged_at = time.monotonic()
             done_before = await journal.done_count()
-            await anyio.sleep(DAMAGED_FOR)
-            done_while = await journal.done_count() - done_before
+            # Damaged for at least DAMAGED_FOR, and until the consumers met
+            # it and a running handler finished, however slow the machine.
+            with anyio.fail_after(30):
+                while True:
+                    done_while = await journal.done_count() - done_before
+                    if (
+                        time.monotonic() - damaged_at >= DAMAGED_FOR
+                        and done_while >= 1
+                        and damage_lines(caplog, key)
+                    ):
+                        break
+                    await anyio.sleep(0.05)
             assert [r.error for r in runs if r.ended.is_set()] == []
             # One line for the key from each consumer, though each of its
             # loops met it (then one a minute at most).

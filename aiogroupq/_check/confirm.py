@@ -345,9 +345,7 @@ async def _execute(
     return replies
 
 
-async def _read_again(
-    client: Client, snap: Snapshot, inv: _Involved
-) -> list[str]:
+async def _read_again(client: Client, snap: Snapshot, inv: _Involved) -> list[str]:
     """Read the involved keys again into *snap* (a copy of the first
     reading; a later round reads a superset of the keys, so it may patch
     the same copy again); return the tasks to read as well in another round

@@ -286,7 +286,6 @@ def gave_up(where: str, budget: float) -> str:
     return f"{where}: {cause_of(last)}; gave up after {budget:.1f} s of retries"
 
 
-
 class NotRedisError(rexc.InvalidResponse):
     """A new connection's handshake got an answer in another protocol than
     Redis's (an HTTP server, a TLS port reached without TLS): the message
