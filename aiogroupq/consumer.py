@@ -30,6 +30,7 @@ from redis.asyncio.cluster import RedisCluster
 from ._inspect.views import ConsumerStats
 from ._limits import DEFAULT_MAX_PAYLOAD_BYTES
 from ._store import layout as _layout, validate as _validate
+from ._store.assignment import DEFAULT_PARTITION_REPLICAS, check_partition_replicas
 from ._store.connection import Client, RedisLike, open_client
 from ._store.failures import translated_errors
 from ._store.partition import Partitions, check_count
@@ -44,6 +45,7 @@ from ._work.leases import LeaseKeeper
 from ._work.outcomes import Counters, Outcomes
 from ._work.runner import RetryPolicy
 from ._work.schedule import Schedule, Scheduler
+from ._work.share import Share
 from ._work.telemetry import Telemetry
 from ._work.workers import Workers
 from .errors import ConfigurationError, ConsumerRunningError, PayloadTooLargeError
@@ -118,7 +120,16 @@ class Consumer:
         traces)
     :param partitions: how many partitions the queue has (None: what the
         queue stores); as for :class:`Producer`. The consumer claims from
-        every partition, with one blocking connection per partition
+        its share of the partitions, with one blocking connection each
+    :param partition_replicas: how many live consumers serve each partition
+        (r, capped by the fleet). The consumers share the partitions out
+        among themselves from the consumer registry, each computing the
+        same assignment: at most ``ceil(r*K/C)`` partitions each for C
+        live consumers (beyond r*K consumers, the extra ones stand by); a
+        consumer's death moves its partitions to the others within about a
+        lease. Give every consumer of a queue the same value. A queue of
+        one partition, or a fleet of at most r consumers, is served whole
+        by every consumer (docs/scaling.md)
     :param durability: ``"replicated"``: a claim starts its tasks only once
         a replica acknowledged it, and a heartbeat extends leases only once
         a replica acknowledged the extension, so that a failover can neither
@@ -150,6 +161,7 @@ class Consumer:
         observers: Sequence[Observer] = (),
         partitions: int | None = None,
         durability: Literal["primary", "replicated"] = "primary",
+        partition_replicas: int = DEFAULT_PARTITION_REPLICAS,
     ) -> None:
         self._parts = Partitions(queue)
         self._keys = self._parts.keys(0)
@@ -157,6 +169,7 @@ class Consumer:
             None if partitions is None else check_count("partitions", partitions)
         )
         self._replication = _validate.durability(durability)
+        self._replicas = check_partition_replicas(partition_replicas)
         self._routes = build_routes(handlers)
         observed = Observers(queue, check_observers(observers))
         setting_int("concurrency", concurrency)
@@ -297,6 +310,7 @@ class Consumer:
         # A fresh run: nothing of a previous one may leak into it.
         self._running.clear()
         watch = self._leases.watch = DamageWatch(self.queue)
+        share = self._leases.share = Share(self.name, self._replicas, self._lease_ttl)
         async with open_client(self._redis, retry=False) as client:
             await check_server(client, eviction=not self._allow_eviction)
             with translated_errors():
@@ -326,9 +340,9 @@ class Consumer:
                         max_payload_bytes=self._max_payload_bytes,
                         observers=self._telemetry.observers,
                     )
-                    fetchers = Fetchers(
-                        self._parts, self._fetch_context(workers.slots, outcomes, watch)
-                    )
+                    context = self._fetch_context(workers.slots, outcomes, watch)
+                    context.share = share
+                    fetchers = Fetchers(self._parts, context)
                     workers.topup = functools.partial(fetchers.top_up, client)
                     outer.start_soon(outcomes.finisher.run)
                     outer.start_soon(self._leases.run, client)

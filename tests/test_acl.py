@@ -53,6 +53,7 @@ PYTHON_COMMANDS = {
     "hget": "hget",  # status()
     "zrange": "zrange",  # Admin.dead_letters()
     "hmget": "hmget",  # Admin.dead_letters()
+    "zrangebyscore": "zrangebyscore",  # the live consumers (partition shares)
 }
 HANDSHAKE = {"hello"}
 OPTIONAL = {"config_get": "config|get", "info": "info"}
@@ -65,7 +66,7 @@ NOT_COMMANDS = {"pipeline", "aclose", "execute", "execute_command", "scan_iter"}
 # A cluster client's own: they read its slot map (or send CLUSTER SLOTS and
 # COMMAND, which a cluster user's rule adds: docs/operations.md).
 NOT_COMMANDS |= {"get_connection_kwargs", "get_node_from_key", "get_primaries"}
-NOT_COMMANDS |= {"initialize"}
+NOT_COMMANDS |= {"initialize", "get_nodes"}
 # Modules outside what producers and consumers run (the consistency check,
 # the demo and its embedded server).
 OPERATOR_MODULES = {

@@ -18,6 +18,7 @@ free one). The failover run, which needs replicas, is in
 from __future__ import annotations
 
 import random
+import zlib
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -28,11 +29,21 @@ from redis.asyncio.cluster import RedisCluster
 
 import aiogroupq
 from aiogroupq import ConfigurationError, Producer, Task, TaskState
+from aiogroupq._store.assignment import assign
 from aiogroupq._store.keys import QueueKeys, id_partition
 from aiogroupq.testing._cluster_server import ClusterProcess
 from aiogroupq.testing._server import find_server_binary
 
-from ._journal import Job, Journal, Options, check, consumer_processes
+from ._journal import (
+    Flag,
+    Job,
+    Journal,
+    Options,
+    check,
+    consumer_processes,
+    spawned,
+)
+from ._shares import connections_of, consume_sharing
 
 #: liveness only
 PATIENCE = 60.0
@@ -356,4 +367,141 @@ async def test_batches_weights_exclusive_groups_group_ops_and_estimates_on_a_clu
     for g in range(3):
         ran = [i for group, items in batches if group == f"b{g}" for i in items]
         assert ran == list(range(g, 60, 3))
+    assert await aiogroupq.check_queue(cluster.url, queue) == []
+
+
+# -- consumer-side partition assignment: K = 24, 6 consumer processes ---------------
+
+#: the consumers' lease in the assignment test: the registry is read every
+#: third of it, a dead consumer counts as gone after it
+SHARE_LEASE = 3.0
+
+
+def _groups_covering(partitions: int, per_partition: int, prefix: str) -> list[str]:
+    """*per_partition* group names in each of *partitions* partitions."""
+    found: dict[int, list[str]] = {p: [] for p in range(partitions)}
+    i = 0
+    while any(len(names) < per_partition for names in found.values()):
+        name = f"{prefix}{i}"
+        home = zlib.crc32(name.encode()) % partitions
+        if len(found[home]) < per_partition:
+            found[home].append(name)
+        i += 1
+    return [name for names in found.values() for name in names]
+
+
+@pytest.mark.slow
+async def test_six_consumers_share_24_partitions_follow_deaths_and_a_join(
+    cluster: ClusterProcess, cluster_client: RedisCluster
+) -> None:
+    """6 consumer processes on a queue of 24 partitions (r = 2): each serves
+    the share the assignment gives it (the views say which), holds about as
+    many connections as its share, not 24; every task runs once, in group
+    order. Two killed with -9: the 4 left take their partitions within a
+    lease or so and a second wave over every partition runs. A consumer
+    that joins takes its share."""
+    queue, partitions = "shared-cluster", 24
+    journal_key = "{test:shares}"
+    journal = Journal(cluster_client, key=journal_key)
+    servers = [cluster.client(node) for node in cluster.primaries()]
+    expected: dict[int, Job] = {}
+
+    async def wave(prefix: str) -> None:
+        jobs: list[Job] = []
+        for g in _groups_covering(partitions, 2, prefix):
+            for seq in range(4):
+                jobs.append(Job(n=len(expected) + len(jobs), group=g, seq=seq))
+        for _ in range(48):
+            jobs.append(Job(n=len(expected) + len(jobs), group=None, seq=0))
+        expected.update({job.n: job for job in jobs})
+        await producer.enqueue_many([Task("work", j, group=j.group) for j in jobs])
+        with anyio.fail_after(PATIENCE):
+            while await journal.done_count() < len(expected):
+                await anyio.sleep(0.05)
+
+    async def settled(admin: aiogroupq.Admin, count: int) -> dict[str, frozenset[int]]:
+        """Wait until *count* consumers are alive and each serves the share
+        the assignment of the live names gives it; their shares."""
+        with anyio.fail_after(PATIENCE):
+            while True:
+                alive = [c for c in await admin.consumers() if c.alive]
+                want = assign(partitions, [c.name for c in alive], 2)
+                if len(alive) == count and all(
+                    c.partitions == tuple(sorted(want[c.name])) for c in alive
+                ):
+                    return want
+                await anyio.sleep(0.1)
+
+    def args(ready: Flag, stop: Flag) -> tuple[object, ...]:
+        return (cluster.url, queue, ready, stop, journal_key, 2, SHARE_LEASE)
+
+    try:
+        async with (
+            Producer(cluster.url, queue=queue, partitions=partitions) as producer,
+            aiogroupq.Admin(cluster.url, queue=queue) as admin,
+            spawned(consume_sharing, args, 6) as procs,
+        ):
+            shares = await settled(admin, 6)
+            by_pid = {c.pid: c.name for c in await admin.consumers()}
+            assert sorted(by_pid) == sorted(p.pid or 0 for p in procs)
+            assert max(map(len, shares.values())) <= -(-2 * partitions // 6) + 2
+            await wave("one-")
+            # One blocking connection per partition of its share, plus what
+            # its other calls had in flight at once (claims, heartbeats and
+            # outcomes go to each partition concurrently: more on a busy
+            # machine), to 3 nodes; the idle ones of partitions it served
+            # for a moment at start are closed a tick after it left them.
+            # Serving all 24 partitions took 27 to 32.
+            with anyio.fail_after(PATIENCE):
+                while True:
+                    held = {
+                        pid: connections_of(pid, servers)
+                        for pid in (p.pid or 0 for p in procs)
+                    }
+                    over = {
+                        pid: n
+                        for pid, n in held.items()
+                        if n > 2 * len(shares[by_pid[pid]]) + 4
+                    }
+                    if not over:
+                        break
+                    await anyio.sleep(0.2)
+            print(  # noqa: T201
+                f"[shares] K={partitions} C=6 shares="
+                f"{sorted(len(s) for s in shares.values())} connections="
+                f"{sorted(held.values())}"
+            )
+            for dead in procs[:2]:
+                dead.kill()
+            gone = await settled(admin, 4)
+            print(f"[shares] after 2 of 6 killed: {sorted(map(len, gone.values()))}")  # noqa: T201
+            await wave("two-")
+
+            def one_more(ready: Flag, stop: Flag) -> tuple[object, ...]:
+                return args(ready, stop)
+
+            async with spawned(consume_sharing, one_more, 1) as (joiner,):
+                joined_at = anyio.current_time()
+                shares = await settled(admin, 5)
+                took = anyio.current_time() - joined_at
+                name = next(
+                    c.name for c in await admin.consumers() if c.pid == joiner.pid
+                )
+                print(  # noqa: T201
+                    f"[shares] a joiner took {sorted(shares[name])} in {took:.1f}s"
+                )
+                assert shares[name]
+                await wave("three-")
+    finally:
+        for server in servers:
+            server.close()
+    entries = await journal.entries()
+    figures = check(entries, expected)
+    print(f"[shares] {figures}")  # noqa: T201
+    assert figures.never_run == 0
+    assert figures.started_more_than_once == 0
+    assert figures.unexpected == 0
+    assert figures.order_violations == 0
+    assert figures.overlaps == 0
+    assert figures.max_group_concurrency == 1
     assert await aiogroupq.check_queue(cluster.url, queue) == []

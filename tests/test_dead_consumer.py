@@ -642,3 +642,23 @@ async def test_a_released_task_on_its_last_attempt_is_dead_lettered_saying_why(
     assert details.error == (
         "consumer released by an operator on the last attempt (1 of 1); consumer dead"
     )
+
+
+async def test_a_consumer_of_another_pid_namespace_is_not_judged_by_its_pid(
+    redis_client: redis.asyncio.Redis, both: Any
+) -> None:
+    # A container that shares this host's network (and so its host name)
+    # has pid numbers of its own: its consumer's pid means nothing here.
+    _, admin = both
+    await _scripts.heartbeat(
+        redis_client,
+        KEYS,
+        [],
+        lease_ms=LEASE_MS,
+        consumer="boxed",
+        registration=[("host", HOST), ("pid", dead_pid()), ("ns", "pid:[1]")],
+    )
+    (boxed,) = [c for c in await admin.consumers() if c.name == "boxed"]
+    assert (boxed.state, boxed.pid_running) == ("alive", None), boxed.status
+    with pytest.raises(ConsumerRunningError):
+        await admin.release_consumer("boxed")

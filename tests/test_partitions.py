@@ -20,6 +20,7 @@ import aiogroupq
 from aiogroupq import ConfigurationError, Producer, Task, TaskState
 from aiogroupq._check import problems as problem_kinds
 from aiogroupq._store import scripts as _scripts
+from aiogroupq._store.assignment import assign
 from aiogroupq._store.keys import QueueKeys, id_partition
 from aiogroupq._store.partition import Partitions
 from aiogroupq._store.replies import StaleLayoutRefusal
@@ -375,3 +376,112 @@ async def test_a_damaged_layout_leaves_a_running_consumer_going(
         with anyio.fail_after(30):
             await ran.wait()
     assert any("going on with the layout 2" in r.getMessage() for r in caplog.records)
+
+
+# -- consumer-side assignment -------------------------------------------------------
+
+
+async def _connections_named(client: redis.asyncio.Redis, name: str) -> int:
+    listed = await client.client_list()
+    return sum(1 for c in listed if c.get("name") == name)
+
+
+async def test_consumers_share_the_partitions_and_take_over_a_leavers(
+    redis_client: redis.asyncio.Redis, redis_url: str
+) -> None:
+    """8 partitions, 3 consumers in one process (r = 2): each serves the
+    share the assignment gives it, every partition by two, the views say
+    which; all tasks run in group order; when one stops, the other two
+    serve everything within a few leases; connections follow the share."""
+    queue, names = "shared", ["share-a", "share-b", "share-c"]
+    seen: dict[str, list[int]] = {}
+
+    async def work(job: list[Any]) -> None:
+        seen.setdefault(job[0], []).append(job[1])
+
+    tasks = [Task("w", [f"g{i % 31}", i], group=f"g{i % 31}") for i in range(300)]
+    async with (
+        Producer(redis_client, queue=queue, partitions=8) as producer,
+        aiogroupq.Admin(redis_client, queue=queue) as admin,
+    ):
+
+        def consumer(name: str) -> aiogroupq.Consumer:
+            # Its own client, named, so that its connections can be counted.
+            sep = "&" if "?" in redis_url else "?"
+            return aiogroupq.Consumer(
+                f"{redis_url}{sep}client_name={name}",
+                queue=queue,
+                handlers={"w": work},
+                concurrency=4,
+                lease_ttl=1.5,
+                name=name,
+            )
+
+        async def settled(fleet: list[str]) -> dict[str, tuple[int, ...]]:
+            want = assign(8, fleet, 2)
+            with anyio.fail_after(PATIENCE):
+                while True:
+                    shown = {c.name: c.partitions for c in await admin.consumers()}
+                    if shown == {n: tuple(sorted(s)) for n, s in want.items()}:
+                        return {n: tuple(sorted(s)) for n, s in want.items()}
+                    await anyio.sleep(0.05)
+
+        first, second, third = (consumer(n) for n in names)
+        async with first, second:
+            async with third:
+                shares = await settled(names)
+                served = Counter(p for share in shares.values() for p in share)
+                assert served == dict.fromkeys(range(8), 2)
+                await producer.enqueue_many(tasks)
+                with anyio.fail_after(PATIENCE):
+                    while sum(map(len, seen.values())) < len(tasks):
+                        await anyio.sleep(0.02)
+                # Each blocks on its share's wake lists, one connection each,
+                # plus what its claims, outcomes and heartbeats (sent to
+                # each partition at once) had in flight together.
+                with anyio.fail_after(PATIENCE):
+                    while True:
+                        held = {
+                            n: await _connections_named(redis_client, n) for n in names
+                        }
+                        if all(held[n] <= 2 * len(s) + 4 for n, s in shares.items()):
+                            break
+                        await anyio.sleep(0.1)
+                print(f"[share] shares={shares} connections={held}")  # noqa: T201
+            # The third stopped (a clean exit leaves the registry): two
+            # consumers, r = 2: both serve everything.
+            assert await settled(names[:2]) == dict.fromkeys(names[:2], tuple(range(8)))
+    assert all(runs == sorted(runs) for runs in seen.values())
+    assert await aiogroupq.check_queue(redis_client, queue) == []
+
+
+async def test_a_queue_of_one_partition_is_served_by_every_consumer(
+    redis_client: redis.asyncio.Redis,
+) -> None:
+    async def work(n: int) -> None:
+        pass
+
+    async with Producer(redis_client, queue="single") as producer:
+        await producer.enqueue("w", 1)
+    consumers = [
+        aiogroupq.Consumer(
+            redis_client, queue="single", handlers={"w": work}, lease_ttl=1.5
+        )
+        for _ in range(3)
+    ]
+    async with (
+        aiogroupq.Admin(redis_client, queue="single") as admin,
+        consumers[0],
+        consumers[1],
+        consumers[2],
+    ):
+        with anyio.fail_after(PATIENCE):
+            while [c.partitions for c in await admin.consumers()] != [(0,)] * 3:
+                await anyio.sleep(0.05)
+
+
+async def test_partition_replicas_is_checked() -> None:
+    with pytest.raises(ConfigurationError, match="partition_replicas"):
+        aiogroupq.Consumer(
+            "redis://localhost", queue="q", handlers={}, partition_replicas=0
+        )

@@ -113,6 +113,8 @@ def _add_worker(commands: Commands) -> None:
         ("--processes", _positive_int, 1, "worker processes"),
         ("--lease-ttl", _seconds, None, "seconds (mapping form; default 30)"),
         ("--grace-period", _seconds, None, "seconds (mapping form; default 30)"),
+        ("--partition-replicas", _positive_int, None,
+         "consumers per partition (mapping form; default 2)"),
     ):  # fmt: skip
         suffix = "" if default is None else " (default: %(default)s)"
         worker.add_argument(flag, type=kind, default=default, help=text + suffix)

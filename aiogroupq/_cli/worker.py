@@ -3,7 +3,8 @@
 
 (a) a mapping of task type -> async handler. The worker runs
     ``Consumer(--redis-url, queue=--queue, handlers=attr, concurrency=...,
-    lease_ttl=..., grace_period=..., name=...)``; ``--queue`` is required.
+    lease_ttl=..., grace_period=..., name=..., partition_replicas=...)``;
+    ``--queue`` is required.
     With ``--name``, a worker restarted under the same name resumes its
     unfinished tasks at once instead of after their leases expire::
 
@@ -112,6 +113,7 @@ async def _open_consumer(
             "grace_period": args.grace_period,
             "name": args.name,
             "allow_eviction": args.allow_eviction or None,
+            "partition_replicas": args.partition_replicas,
         }
         made: Any = Consumer(
             args.redis_url,
@@ -155,6 +157,11 @@ def run(args: argparse.Namespace) -> int:
     """
     target = load_target(args.target)
     check_options(args.target, target, args)
+    if args.partition_replicas is not None and not isinstance(target, Mapping):
+        raise UsageError(
+            f"--partition-replicas applies to a mapping of handlers; {args.target} "
+            "is a factory: set partition_replicas in the Consumer it creates"
+        )
     if args.processes > 1:
         return _supervise(args)
     use_uvloop = _uvloop_wanted(args.loop)

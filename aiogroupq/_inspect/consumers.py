@@ -29,8 +29,9 @@ __all__ = (
 import shlex
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
+from .._store.assignment import parse_share
 from .._store.fanout import each_partition
 from .._store.keys import QueueKeys
 from .._store.registry import BEATS_PER_LEASE, COUNTERS, LATE_BEATS, pid_running
@@ -88,6 +89,7 @@ class Beat:
     :ivar lease_ms: its lease
     :ivar host: the host it registered on
     :ivar pid: its process id there
+    :ivar namespace: its pid namespace (``None``: not registered)
     """
 
     gone_at: int | None = None
@@ -95,13 +97,14 @@ class Beat:
     lease_ms: int | None = None
     host: str | None = None
     pid: int | None = None
+    namespace: str | None = None
 
     def liveness(self, now_ms: int) -> Liveness:
         """What is known of the consumer at *now_ms* (server ms)."""
         if self.gone_at is None:
             return Liveness("gone", "not registered", False, None)
         registered_alive = self.gone_at >= now_ms
-        running = pid_running(self.host, self.pid)
+        running = pid_running(self.host, self.pid, self.namespace)
         silent = max(0, now_ms - (self.heartbeat or 0)) / 1000
         lease = (self.lease_ms or 0) / 1000
         every = lease / BEATS_PER_LEASE
@@ -127,15 +130,18 @@ class Beat:
 
 
 def consumer_from_row(
-    row: Sequence[Any], now_ms: int, held: int | None = None
+    row: Sequence[Any], now_ms: int, held: int | None = None, parts: Any = None
 ) -> ConsumerInfo:
     """One consumer of a ``consumers.lua`` or ``stats.lua`` reply, as seen at
     *now_ms* (server ms); *held*: the tasks it holds on the server (its
-    recovery keys), else the count of its latest heartbeat stands."""
-    name, gone_at, host, pid, hb, ttl, started, n, conc, *counts = row
+    recovery keys), else the count of its latest heartbeat stands; *parts*:
+    the share its heartbeat registered (``"0-3,8"``), if read."""
+    name, gone_at, host, pid, ns, hb, ttl, started, n, conc, *counts = row
     reported = _int(n)
     numbers = dict(zip(COUNTERS, (_int(c) for c in counts), strict=False))
-    beat = Beat(_int(gone_at), _opt_int(hb), _opt_int(ttl), _opt_text(host), _int(pid))
+    beat = Beat(
+        _int(gone_at), _opt_int(hb), _opt_int(ttl), _opt_text(host), _int(pid), _ns(ns)
+    )
     known = beat.liveness(now_ms)
     lease_ttl = _secs(ttl) or 0.0
     return ConsumerInfo(
@@ -155,6 +161,7 @@ def consumer_from_row(
         status=known.status,
         pid_running=known.pid_running,
         heartbeat_every=lease_ttl / BEATS_PER_LEASE,
+        partitions=None if not isinstance(parts, bytes) else parse_share(_text(parts)),
     )
 
 
@@ -170,6 +177,7 @@ async def consumer_list(
     rows = reply[1]
     names = [_text(row[0]) for row in rows]
     held = [max(0, _int(n)) for n in reply[2]] if len(reply) > 2 else [0] * len(rows)
+    shares = reply[3] if len(reply) > 3 else [None] * len(rows)
     others = parts.all()[1:]
     if others and names:
 
@@ -183,7 +191,8 @@ async def consumer_list(
         for more in await each_partition(others, sizes):
             held = [a + b for a, b in zip(held, more, strict=True)]
     return [
-        consumer_from_row(row, now_ms, n) for row, n in zip(rows, held, strict=True)
+        consumer_from_row(row, now_ms, n, parts)
+        for row, n, parts in zip(rows, held, shares, strict=True)
     ]
 
 
@@ -205,7 +214,7 @@ async def registry_beats(
     async with client.pipeline(transaction=False) as pipe:
         for name in wanted:
             pipe.zscore(registry.consumers, name)
-            pipe.hmget(registry.consumer_info(name), "hb", "ttl", "host", "pid")
+            pipe.hmget(registry.consumer_info(name), *_BEAT_FIELDS)
         if now_ms is not None:
             pipe.zcount(registry.consumers, now_ms, "+inf")
         replies: list[Any] = await pipe.execute(raise_on_error=False)
@@ -222,9 +231,20 @@ def _beat(score: Any, fields: Any) -> Beat:
     if gone_at is None:
         return Beat()
     if isinstance(fields, Exception) or not isinstance(fields, list):
-        fields = [None, None, None, None]
-    hb, ttl, host, pid = fields
-    return Beat(gone_at, _opt_int(hb), _opt_int(ttl), _opt_text(host), _opt_int(pid))
+        fields = [None] * len(_BEAT_FIELDS)
+    hb, ttl, host, pid, ns = fields
+    return Beat(
+        gone_at, _opt_int(hb), _opt_int(ttl), _opt_text(host), _opt_int(pid), _ns(ns)
+    )
+
+
+#: what a liveness judgement reads of a registration (``_beat``'s order)
+_BEAT_FIELDS: Final = ("hb", "ttl", "host", "pid", "ns")
+
+
+def _ns(value: Any) -> str | None:
+    """A registered pid namespace; ``None`` if none was (an older consumer)."""
+    return _opt_text(value) or None
 
 
 def discount_gone(alive: int, beats: Iterable[tuple[Beat, Liveness]]) -> int:
@@ -275,7 +295,7 @@ async def check_releasable(client: Client, parts: Partitions, name: str) -> None
     keys0 = parts.keys(0)
     async with client.pipeline(transaction=False) as pipe:
         pipe.zscore(keys0.consumers, name)
-        pipe.hmget(keys0.consumer_info(name), "hb", "ttl", "host", "pid")
+        pipe.hmget(keys0.consumer_info(name), *_BEAT_FIELDS)
         pipe.get(keys0.consumer(name))
         score, fields, holder = await pipe.execute(raise_on_error=False)
     beat = _beat(score, fields)
@@ -290,6 +310,8 @@ async def check_releasable(client: Client, parts: Partitions, name: str) -> None
         # _work/identity.py), which lapses a lease after its last renewal:
         # as alive as a registered consumer, unless its process is gone.
         host, pid, _ = [*holder.decode(errors="replace").rsplit(":", 2), "", ""][:3]
+        # (Its pid namespace is not in the hold: judged by its pid, as the
+        # consumer's own name takeover judges a dead holder.)
         beat = Beat(now_ms, now_ms, None, host, _opt_int(pid or None))
     known = beat.liveness(now_ms)
     if not known.releasable:

@@ -18,7 +18,10 @@ from typing import IO, TYPE_CHECKING, Any, Final, Literal
 
 import msgspec
 
-from .._inspect.views import (
+from .._store.assignment import share_text
+from .estimate import StartEstimate, shown
+from .printable import json_printable, printable
+from .views import (
     ConsumerInfo,
     GroupInfo,
     GroupTask,
@@ -26,8 +29,6 @@ from .._inspect.views import (
     TaskDetails,
     span_text,
 )
-from .estimate import StartEstimate, shown
-from .printable import json_printable, printable
 
 if TYPE_CHECKING:
     from ..task import DeadLetter
@@ -433,8 +434,8 @@ def dead_rows(now: float, letters: Sequence[DeadLetter]) -> list[tuple[object, .
 
 
 CONSUMER_HEADERS: Final = (
-    "NAME", "HOST", "PID", "STATE", "IN FLIGHT", "CONCURRENCY", "HEARTBEAT", "UP",
-    "CLAIMED", "SUCCEEDED", "DEAD",
+    "NAME", "HOST", "PID", "STATE", "IN FLIGHT", "CONCURRENCY", "PARTITIONS",
+    "HEARTBEAT", "UP", "CLAIMED", "SUCCEEDED", "DEAD",
 )  # fmt: skip
 
 
@@ -449,6 +450,7 @@ def consumer_rows(
             c.status,
             count(c.in_flight),
             count(c.concurrency),
+            "-" if c.partitions is None else (share_text(c.partitions) or "none"),
             ago(now, c.last_heartbeat),
             span(now - c.started),
             count(c.stats.claimed),

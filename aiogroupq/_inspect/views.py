@@ -239,6 +239,11 @@ class ConsumerInfo:
         registered on this host
     :ivar heartbeat_every: seconds between its heartbeats (a third of its
         lease)
+    :ivar partitions: the partitions it serves, as its latest heartbeat
+        registered them (every one for a queue of one partition, or a
+        fleet no larger than its ``partition_replicas``; empty: it stands
+        by); ``None`` when not known (a consumer of an older version, one
+        still starting, or a reading of ``stats``)
     """
 
     name: str
@@ -255,6 +260,7 @@ class ConsumerInfo:
     status: str = "alive"
     pid_running: bool | None = None
     heartbeat_every: float = 0.0
+    partitions: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ A consumer beats every :data:`BEATS_PER_LEASE`-th of its lease
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 from typing import TYPE_CHECKING, Final
@@ -40,6 +41,27 @@ COUNTERS: Final = (
 )
 
 
+async def live_consumers(client: Client, keys: QueueKeys) -> list[str]:
+    """The names the registry counts alive now (their gone-at is still
+    ahead on the server's clock), sorted: what each consumer computes its
+    share of partitions from (``_store/assignment.py``).
+
+    Two calls: the server's clock, then the live range of the ZSET (a
+    cluster pipeline has no node for a keyless command). In a cluster the
+    clock is another node's, within the nodes' skew of the registry's.
+
+    :raises redis.exceptions.RedisError: (and the other failures of
+        ``REDIS_FAILURES``) if Redis fails or the key is not a ZSET
+    """
+    seconds, micros = await client.time()
+    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    names = await client.zrangebyscore(keys.consumers, now_ms, "+inf")
+    return sorted(
+        name.decode(errors="replace") if isinstance(name, bytes) else str(name)
+        for name in names
+    )
+
+
 async def leave_registry(client: Client, keys: QueueKeys, consumer: str) -> None:
     """Take *consumer* out of the registry (a clean exit: not listed as gone)."""
     async with client.pipeline(transaction=False) as pipe:
@@ -48,19 +70,34 @@ async def leave_registry(client: Client, keys: QueueKeys, consumer: str) -> None
         await pipe.execute()
 
 
-def pid_running(host: str | None, pid: int | None) -> bool | None:
-    """Whether process *pid* of *host* runs: ``None`` when that cannot be
-    told from here (another host, no pid).
+@functools.cache
+def pid_namespace() -> str | None:
+    """This process's pid namespace (``"pid:[4026531836]"``), which a
+    consumer registers beside its host and pid; ``None`` where ``/proc``
+    does not tell (macOS)."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
 
-    Only a consumer registered with this machine's host name is looked up:
-    a pid means nothing elsewhere. A pid taken again by another process
-    reads as running (the safe side: a live consumer is never called
-    gone for it); a killed child its parent has not reaped yet (a zombie)
-    reads as gone. A consumer in another container with the same host name
-    but its own process namespace would be looked up here by mistake: give
-    containers their own host names (the default).
+
+def pid_running(
+    host: str | None, pid: int | None, namespace: str | None = None
+) -> bool | None:
+    """Whether process *pid* of *host* runs: ``None`` when that cannot be
+    told from here (another host, another pid namespace, no pid).
+
+    Only a consumer registered with this machine's host name, and with this
+    process's pid namespace when it registered one, is looked up: a pid
+    means nothing elsewhere (a container sharing the host's network, and so
+    its host name, has a pid namespace of its own). A pid taken again by
+    another process reads as running (the safe side: a live consumer is
+    never called gone for it); a killed child its parent has not reaped yet
+    (a zombie) reads as gone.
     """
     if not host or pid is None or pid <= 0 or host != socket.gethostname():
+        return None
+    if namespace is not None and namespace != pid_namespace():
         return None
     if pid == os.getpid():
         return True

@@ -10,8 +10,13 @@ gives back what it did not fill, and waits its turn when there are none: the
 fetcher that waited longest is served first, so a partition with a deep
 backlog cannot starve the others.
 
-:class:`Fetchers` runs one fetcher per partition of the queue's layout and
-follows the layout: a repartition adds or retires partitions.
+:class:`Fetchers` runs one fetcher per partition of the consumer's share
+(``share.py``: every partition of a queue of one, or of a fleet no larger
+than ``partition_replicas``) and follows the layout and the share: a
+repartition, a consumer that joins or leaves, adds or retires fetchers. At
+start, every partition of the layout gives back what a previous incarnation
+of our name held there (served or not); a fetcher that retires gives back
+first what a lost reply may have claimed.
 
 A claim refused for a damaged queue key (``damage.py``) changes nothing: the
 fetcher tries again every :data:`~.damage.PROBE` seconds until the key is
@@ -40,6 +45,7 @@ from ..errors import ConfigurationError, CorruptQueueError, QueueFullError
 from .damage import PROBE, DamageWatch
 from .leases import local_lease
 from .running import Running
+from .share import Share, trim_idle
 
 if TYPE_CHECKING:
     from anyio.abc import TaskStatus
@@ -170,6 +176,8 @@ class FetchContext:
     batches: tuple[tuple[str, int], ...] = ()
     #: whether Redis answers the fetchers (one "reachable again" an outage)
     outage: Outage = field(default_factory=Outage)
+    #: the consumer's share of the partitions (None: every partition)
+    share: Share | None = None
 
     def local_lease(self) -> float:
         """Seconds a claim or heartbeat keeps a handler running."""
@@ -177,7 +185,8 @@ class FetchContext:
 
 
 class Fetchers:
-    """One run's fetchers, one per partition of the queue's layout.
+    """One run's fetchers, one per partition of the consumer's share
+    (:class:`~.share.Share`; without one, of the queue's layout).
 
     :param parts: the queue's partitions, whose layout they follow
     :param ctx: what the fetchers share
@@ -263,9 +272,9 @@ class Fetchers:
         *,
         task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Run one fetcher per partition, claiming when this reports started;
-        re-read the layout every :data:`LAYOUT_POLL` seconds until stopped;
-        close *send* once every fetcher is done (the workers end then)."""
+        """Run one fetcher per partition served, claiming when this reports
+        started; follow the layout and the share until stopped; close
+        *send* once every fetcher is done (the workers end then)."""
         try:
             await self._run(client, send, task_status)
         finally:
@@ -274,53 +283,94 @@ class Fetchers:
     async def _run(
         self, client: Client, send: Handoff, task_status: TaskStatus[None]
     ) -> None:
-        queue = self.ctx.queue
+        share = self.ctx.share
         async with anyio.create_task_group() as tg:
 
-            async def follow(*, starting: bool = False) -> None:
-                for partition in range(self._parts.layout.count):
-                    if partition not in self._fetchers:
-                        fetcher = Fetcher(
-                            self.ctx,
-                            self._parts.keys(partition),
-                            starting=starting,
-                            alone=self._alone,
-                        )
+            async def follow(*, starting: bool = False) -> bool:
+                """Start and retire fetchers to match the layout and the
+                share; whether any retired. Starting, a partition outside
+                the share gets a fetcher that only recovers, then ends."""
+                count = self._parts.layout.count
+                serve = (
+                    frozenset(range(count)) if share is None else await share.of(count)
+                )
+                for partition in range(count):
+                    if partition in self._fetchers or not (
+                        starting or partition in serve
+                    ):
+                        continue
+                    fetcher = Fetcher(
+                        self.ctx,
+                        self._parts.keys(partition),
+                        starting=starting,
+                        alone=self._alone,
+                    )
+                    if partition in serve:
                         self._fetchers[partition] = fetcher
-                        await tg.start(fetcher.run, client, send)
-                for partition, fetcher in list(self._fetchers.items()):
-                    if partition >= self._parts.layout.count:
-                        fetcher.retire()
-                        del self._fetchers[partition]
+                    else:
+                        fetcher.retired = True
+                    await tg.start(fetcher.run, client, send)
+                retired = [p for p in self._fetchers if p not in serve]
+                for partition in retired:
+                    self._fetchers.pop(partition).retire()
+                if share is not None:
+                    share.record(frozenset(self._fetchers), count)
+                return bool(retired)
 
+            if share is not None:
+                await share.read(client, self._parts.keys(0))
             await follow(starting=True)
             task_status.started()
-            while True:
-                with anyio.move_on_after(LAYOUT_POLL):
-                    await self._stopped.wait()
-                if self._stopped.is_set():
-                    break
-                try:
-                    if await _layout.refresh(client, self._parts):
-                        logger.info(
-                            "queue %r: partition layout is now %s",
-                            queue,
-                            self._parts.layout.text(),
-                        )
-                        await follow()
-                    self.ctx.watch.succeeded("layout")
-                except REDIS_FAILURES as exc:
-                    logger.debug("could not read the partition layout: %s", exc)
-                except CorruptQueueError as exc:  # conf is damaged: keep ours
-                    keys = self._parts.keys(0)
-                    self.ctx.watch.refused("layout", exc, leases=keys.leases)
-                except ConfigurationError as exc:  # a damaged layout: keep ours
-                    logger.error(
-                        "queue %r: %s; going on with the layout %s",
+            await self._follow_until_stopped(client, share, follow)
+
+    async def _follow_until_stopped(
+        self,
+        client: Client,
+        share: Share | None,
+        follow: Callable[[], Coroutine[Any, Any, bool]],
+    ) -> None:
+        """Re-read the layout every :data:`LAYOUT_POLL` seconds and the
+        registry every third of the lease, following both, until stopped;
+        close the idle connections a shrunk share left (a tick later, once
+        the retired fetchers let go of theirs)."""
+        queue = self.ctx.queue
+        registry_read = anyio.current_time()
+        trim = False
+        while True:
+            with anyio.move_on_after(LAYOUT_POLL):
+                await self._stopped.wait()
+            if self._stopped.is_set():
+                break
+            if trim:
+                await trim_idle(client)
+            changed = False
+            if share is not None and (
+                anyio.current_time() - registry_read >= share.every
+            ):
+                registry_read = anyio.current_time()
+                changed = await share.read(client, self._parts.keys(0))
+            try:
+                if await _layout.refresh(client, self._parts):
+                    logger.info(
+                        "queue %r: partition layout is now %s",
                         queue,
-                        exc,
                         self._parts.layout.text(),
                     )
+                    changed = True
+                self.ctx.watch.succeeded("layout")
+            except REDIS_FAILURES as exc:
+                logger.debug("could not read the partition layout: %s", exc)
+            except CorruptQueueError as exc:  # conf is damaged: keep ours
+                keys = self._parts.keys(0)
+                self.ctx.watch.refused("layout", exc, leases=keys.leases)
+            except ConfigurationError as exc:  # a damaged layout: keep ours
+                logger.error(
+                    "queue %r: %s; going on with the layout %s",
+                    queue,
+                    exc,
+                    self._parts.layout.text(),
+                )
+            trim = await follow() if changed else False
 
 
 class Fetcher:
@@ -473,6 +523,10 @@ class Fetcher:
             # a task due within a tick past the cap gets the timer too.
             due = 0 <= reply.wait_ms < (block_cap + _SERVER_TICK) * 1000
             wait = (reply.wait_ms / 1000 if due else block_cap, due)
+        if self.retired and reconcile is not None and not ctx.slots.closed:
+            # Leaving the partition: what a lost reply claimed goes back now,
+            # not when its lease ends (stopping, the release gives it back).
+            await self._recover(client, reconcile, backoff)
 
     async def _back_off(self, backoff: float, pause: float | None = None) -> float:
         """The one way a fetcher backs off after a failed or refused call:

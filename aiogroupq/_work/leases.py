@@ -20,7 +20,7 @@ import contextlib
 import logging
 import os
 import secrets
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 import anyio
@@ -28,7 +28,7 @@ import anyio
 from .._store import scripts as _scripts
 from .._store.connection import REDIS_FAILURES
 from .._store.fanout import each_partition
-from .._store.registry import leave_registry
+from .._store.registry import leave_registry, pid_namespace
 from .._store.replies import HEARTBEAT_CODES, HeartbeatCode, NotReplicatedRefusal
 from ..errors import CorruptQueueError
 from .damage import PROBE, DamageWatch
@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from .._store.partition import Partitions
     from .outcomes import Counters
     from .running import Running
+    from .share import Share
 
 logger = logging.getLogger("aiogroupq.consumer")  # the consumer's own lines
 
@@ -99,17 +100,37 @@ class LeaseKeeper:
         self.identity = Identity(self._keys, name, lease_ttl)
         #: the run's damaged keys (the consumer gives each run its own)
         self.watch = DamageWatch(self._keys.queue)
+        #: the consumer's share of the partitions, registered with each
+        #: heartbeat (field ``parts``) once its fetchers started
+        self.share: Share | None = None
 
     async def run(self, client: Client) -> None:
-        """Send a heartbeat every third of the lease, until cancelled; while
-        leases wait to be set again, every :data:`~.damage.PROBE` seconds."""
+        """Send a heartbeat every third of the lease, until cancelled, and
+        one when the share changed; while leases wait to be set again, every
+        :data:`~.damage.PROBE` seconds."""
         while True:
             if self.watch.restoring:
                 await anyio.sleep(PROBE)
             else:
                 with anyio.move_on_after(self._lease_ttl / 3):
-                    await self.watch.wait_restore_wanted()
+                    await self._beat_wanted()
             await self.heartbeat(client)
+
+    async def _beat_wanted(self) -> None:
+        """Return once leases wait to be set again, or the share changed
+        (the registry shows it at once, not a third of a lease later)."""
+        share = self.share
+        if share is None:
+            await self.watch.wait_restore_wanted()
+            return
+        async with anyio.create_task_group() as tg:
+
+            async def first(wait: Callable[[], Awaitable[None]]) -> None:
+                await wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(first, self.watch.wait_restore_wanted)
+            tg.start_soon(first, share.wait_changed)
 
     async def heartbeat(self, client: Client, *, starting: bool = False) -> None:
         """Renew the name, the registry entry and every running task's lease.
@@ -166,14 +187,18 @@ class LeaseKeeper:
             await leave_registry(client, self._keys, self._name)
 
     def _registration(self, in_flight: int) -> list[tuple[str, EncodableT]]:
-        return [
+        fields: list[tuple[str, EncodableT]] = [
             ("host", self._host),
             ("pid", os.getpid()),
+            ("ns", pid_namespace() or ""),
             ("i", self._incarnation),
             ("c", self._concurrency),
             ("n", in_flight),
             *self._counters.items(),
         ]
+        if self.share is not None and (parts := self.share.text()) is not None:
+            fields.append(("parts", parts))
+        return fields
 
     async def _renew(
         self,
