@@ -378,6 +378,72 @@ def cost_table(ours: Result) -> str:
     )
 
 
+def _times(mine: float | None, floor: float | None) -> str:
+    return "—" if mine is None or not floor else f"{mine / floor:.1f}x"
+
+
+def floor_table(ours: Result, floor: Result) -> str:
+    """aiogroupq's server CPU per task, by stage, against the floor's
+    (:mod:`benchmarks.floor`: bare scripts, batched as aiogroupq's calls, run
+    on the same server after the libraries)."""
+    variants = (
+        # (floor's variant, aiogroupq's drain, aiogroupq's enqueue measurement)
+        (
+            "ungrouped",
+            ours.get("drain"),
+            ours.get("enqueue_batch") or _get(ours, "drain", "enqueue"),
+        ),
+        (
+            "own_groups",
+            ours.get("grouped_drain"),
+            _get(ours, "grouped_drain", "enqueue"),
+        ),
+    )
+    stages: list[tuple[str, str]] = [
+        ("enqueue", "enqueue"),
+        ("drain: claim + finish", "drain"),
+        ("task life", "life"),
+    ]
+    rows = []
+    for label, stage in stages:
+        row = [label]
+        for key, drain, enq in variants:
+            f = floor.get(key) or {}
+            claim, finish = (
+                _get(f, "claim", "redis_cpu_us"),
+                _get(f, "finish", "redis_cpu_us"),
+            )
+            mine_enq = _num(_get(enq, "server", "redis_cpu_us"))
+            mine_drain = _num(_get(drain, "server", "redis_cpu_us"))
+            if stage == "enqueue":
+                mine, theirs = mine_enq, _num(_get(f, "enqueue", "redis_cpu_us"))
+                shown = us(theirs)
+            elif stage == "drain":
+                mine, theirs = mine_drain, _sum(claim, finish)
+                shown = f"{us(claim)} + {us(finish)} = {us(theirs)}"
+            else:
+                mine = _sum(mine_enq, mine_drain)
+                theirs = _num(_get(f, "total", "redis_cpu_us"))
+                shown = us(theirs)
+            row += [us(mine), shown, _times(mine, theirs)]
+        rows.append(row)
+    enqueue_kind = (
+        "enqueue_many()" if ours.get("enqueue_batch") else "enqueue(), 100 in flight"
+    )
+    return table(
+        (
+            "server CPU per task (µs)",
+            f"aiogroupq, ungrouped ({enqueue_kind})",
+            "floor, ungrouped",
+            "aiogroupq / floor",
+            "aiogroupq, own groups (enqueue(), 100 in flight)",
+            "floor, own groups",
+            "aiogroupq / floor",
+        ),
+        rows,
+    )
+
+
 def targets_table(ours: Result, peers: dict[str, Result]) -> str:
     """The DESIGN.md targets that one run can check."""
     rows = [
@@ -590,6 +656,17 @@ def report(meta: dict[str, Any], results: dict[str, Result]) -> str:
         parts += ["", comparison_table(ours, peers)]
     if ours and ours.get("has_groups"):
         parts += ["", groups_table(ours), "", cost_table(ours)]
+    floor = meta.get("floor")
+    if floor:
+        batches = floor.get("batches") or {}
+        about = (
+            f"The floor (python -m benchmarks.floor, {floor.get('via', '?')}, "
+            f"N = {floor.get('tasks', 0):,}, median of {floor.get('rounds', '?')} "
+            f"round(s)): bare scripts enqueueing by {batches.get('enqueue', '?')}, "
+            f"claiming by {batches.get('claim', '?')}, finishing by "
+            f"{batches.get('finish', '?')}, on this run's server."
+        )
+        parts += ["", about, "", floor_table(ours or {}, floor)]
     if ours:
         parts += ["", targets_table(ours, peers)]
     return "\n".join(parts) + "\n"

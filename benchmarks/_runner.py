@@ -242,6 +242,12 @@ def _what_to_run(parser: argparse.ArgumentParser) -> None:
         "backlog,processes,grouped-batch",
     )
     parser.add_argument("--concurrency", type=int, default=100)
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="after the libraries, measure the floor (python -m benchmarks.floor) "
+        "on the same server, N tasks, and show aiogroupq's stages against it",
+    )
     parser.add_argument("--url", help="use this server instead of starting one")
     parser.add_argument("--json", type=Path, help="write the raw results here")
     parser.add_argument("--markdown", type=Path, help="write the tables here")
@@ -429,6 +435,13 @@ def main(argv: list[str] | None = None) -> None:
             result = _run_optional(lib, envs[lib.env], url, args, tmp, skipped)
             if result is not None:
                 results[lib.key] = result
+        if args.floor:
+            from benchmarks import floor
+
+            print("* floor (bare scripts)", file=sys.stderr)
+            meta["floor"] = floor.measure(
+                url, meta["drain"], rounds=1 if args.quick else 3
+            )
     meta["seconds"] = round(time.monotonic() - started)
     meta["skipped"] = skipped
     meta["loadavg_after"] = _loadavg()
