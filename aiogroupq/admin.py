@@ -487,7 +487,7 @@ class Admin(QueueHandle, anyio.AsyncContextManagerMixin):
         """When a waiting (queued or delayed) task is expected to start, from
         its place in the ready line or its group's line, its group's
         concurrency and rate limit, and the queue's recent start rate (see
-        :class:`StartEstimate` for the basis it states, and docs/usage.md
+        :class:`StartEstimate` for the basis it states, and docs/operating.md
         for the model). One read-only script call, plus one per other
         partition for the queue's rate.
 

@@ -326,7 +326,7 @@ class CorruptQueueError(AiogroupqError):
 
 class RedisUnavailableError(AiogroupqError, ConnectionError):
     """Redis could not be reached, or did not answer, within the budget (see
-    "Errors" in docs/usage.md).
+    "Errors" in docs/failures.md).
 
     :ivar detail: where and why, without credentials: ``127.0.0.1:6379:
         connection refused; gave up after 5.0 s of retries`` when the re-sends

@@ -265,7 +265,7 @@ class Producer(QueueHandle, anyio.AsyncContextManagerMixin):
         One call takes at most 1,000 tasks and, with more than one task, at
         most ``max_batch_bytes`` of encoded tasks (8 MiB by default), so that
         the atomic script stays short. Split larger batches into several
-        calls, each atomic on its own ("Limits" in docs/usage.md shows how).
+        calls, each atomic on its own ("Limits" in docs/queueing.md shows how).
 
         :raises InvalidTaskError: (or a subclass) for the first bad task;
             nothing is written to Redis

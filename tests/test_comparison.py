@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 PAGE = DOCS / "comparison.md"
 
-#: a link to a page of this site: ``](usage.md#groups)``, ``](testing.md)``
+#: a link to a page of this site: ``](groups.md#groups)``, ``](testing.md)``
 _LOCAL_LINK = re.compile(r"\]\(([\w./-]+\.(?:md|rst))(?:#([^)\s]+))?\)")
 #: what GitHub-style slugs drop (MyST's ``github_slugify``)
 _NOT_SLUG = re.compile(r"[^\w\u4e00-\u9fff\- ]")
@@ -136,10 +136,10 @@ def test_no_feature_is_planned() -> None:
 
 
 def test_the_checks_catch_a_wrong_link() -> None:
-    assert resolves("usage.md", "group-controls")
-    assert resolves("usage.md", "task-metadata-current_task")  # code in a title
+    assert resolves("groups.md", "group-controls")
+    assert resolves("queueing.md", "task-metadata-current_task")  # code in a title
     assert resolves("testing.md", None)
-    assert not resolves("usage.md", "per-group-rate-limits")
+    assert not resolves("groups.md", "per-group-rate-limits")
     assert not resolves("nowhere.md", None)
     assert not resolves("../README.md", None)
     # A "# comment" in a code block is not a heading.

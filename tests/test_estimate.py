@@ -31,7 +31,7 @@ from ._settle import assert_all_done, producer_states, until_idle
 PATIENCE = 60.0
 #: how far off an estimate may be and still be of the right model: a factor
 #: on the actual wait, either way. A sanity bound, not a timing target: the
-#: accuracy is a figure (printed here; docs/usage.md has it, a few per cent
+#: accuracy is a figure (printed here; docs/operating.md has it, a few per cent
 #: on a quiet machine), and a shared test machine's load changes a drain's
 #: pace between an estimate and the start it foresees. A model that leaves
 #: out a group's pace or the rate is off by far more.

@@ -444,9 +444,9 @@ def test_the_testing_docs_quote_the_example_files_verbatim() -> None:
 
 
 def test_the_dashboard_docs_quote_the_example_verbatim() -> None:
-    """The code blocks of docs/usage.md that name examples/dashboard_app.py
+    """The code blocks of docs/operating.md that name examples/dashboard_app.py
     are verbatim excerpts of it, and the screenshots they show exist."""
-    text = (ROOT / "docs" / "usage.md").read_text()
+    text = (ROOT / "docs" / "operating.md").read_text()
     blocks = re.findall(
         r"^```\w*\n# (examples/dashboard_app.py)\n(.*?)^```$",
         text,
@@ -455,7 +455,7 @@ def test_the_dashboard_docs_quote_the_example_verbatim() -> None:
     assert len(blocks) == 2, blocks
     source = (ROOT / "examples" / "dashboard_app.py").read_text()
     for _, body in blocks:
-        assert body.strip() in source, "docs/usage.md quotes the example wrongly"
+        assert body.strip() in source, "docs/operating.md quotes the example wrongly"
     images = re.findall(r"\]\((images/dashboard-[a-z]+\.png)\)", text)
     assert len(set(images)) == 7, images
     for image in images:

@@ -662,9 +662,9 @@ async def test_enqueue_many_over_the_batch_limit_is_refused_before_any_io(
 async def test_the_documented_split_of_a_larger_batch(
     producer: Producer, redis_client: redis.asyncio.Redis
 ) -> None:
-    """docs/usage.md's loop, run as written: 2,500 tasks go in three calls,
+    """docs/queueing.md's loop, run as written: 2,500 tasks go in three calls,
     ids in the list's order, each group's tasks in order."""
-    usage = (Path(__file__).parent.parent / "docs" / "usage.md").read_text()
+    usage = (Path(__file__).parent.parent / "docs" / "queueing.md").read_text()
     (snippet,) = re.findall(
         r"^```python\n(ids: list\[str\] = \[\]\nfor start in .*?)^```$",
         usage,

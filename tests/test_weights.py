@@ -219,7 +219,7 @@ async def test_shares_follow_the_weights_across_two_processes(
     """Two handlers in two processes, 5 groups of each weight. While one
     group keeps the front, others start beside it: with few groups per
     handler a light group comes round more often than its share (4 groups
-    on 2 handlers: weight 1 gets 1.29x its share, docs/usage.md), from
+    on 2 handlers: weight 1 gets 1.29x its share, docs/groups.md), from
     about 5 per handler on the shares are within 10 %."""
     queue = "weights-mp"
     groups = {f"{g}-{i}": w for g, w in WEIGHTS.items() for i in range(5)}

@@ -48,7 +48,7 @@ class Handler:
     :param batch_size: make it a batch handler: ``func`` receives a list of
         up to this many payloads (1 to 1000), consecutive tasks of one group
         in enqueue order, run as one (see "Ordered group batches" in
-        docs/usage.md); a task without a group comes as a batch of one.
+        docs/batches.md); a task without a group comes as a batch of one.
         With *store_result*, ``func`` returns None or a list of one result
         per task
     :param batch_wait: seconds (at most 2) a batch that is not full waits
