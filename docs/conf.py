@@ -52,7 +52,11 @@ nitpick_ignore = [
     for name in (
         *("timedelta", "datetime", "RedisLike", "HandlerFunc", "dict[str"),
         *("AbstractContextManager", "WSGIServer"),
-        *("Slot", "GroupSort", "ConsumerState"),  # Literal aliases, spelled out in the docstrings
+        *(
+            "Slot",
+            "GroupSort",
+            "ConsumerState",
+        ),  # Literal aliases, spelled out in the docstrings
         *("AuthCheck", "Starlette"),  # the dashboard's, spelled out in its docstring
     )
 ]
