@@ -358,15 +358,15 @@ class OutcomeUnknownError(RedisUnavailableError):
 
     def __init__(self, task_ids: list[str], detail: str) -> None:
         shown = ", ".join(task_ids[:5]) + (" ..." if len(task_ids) > 5 else "")
-        super().__init__(detail)
-        self.args = (
-            (
-                f"outcome unknown: {len(task_ids)} tasks ({shown}) may have "
-                f"reached Redis and no reply came ({detail}); they were either "
-                "all written or none: check Producer.status_many(error.task_ids) "
-                "before enqueueing them again"
-            ),
+        # Its own message, not RedisUnavailableError's ("unreachable").
+        AiogroupqError.__init__(
+            self,
+            f"outcome unknown: {len(task_ids)} tasks ({shown}) may have "
+            f"reached Redis and no reply came ({detail}); they were either "
+            "all written or none: check Producer.status_many(error.task_ids) "
+            "before enqueueing them again",
         )
+        self.detail = detail
         self.task_ids = task_ids
 
 
