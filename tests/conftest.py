@@ -25,9 +25,11 @@ from typing import TYPE_CHECKING
 import pytest
 import redis
 import redis.asyncio
+from redis.asyncio.cluster import RedisCluster
 
 import aiogroupq
 from aiogroupq._store.connection import safe_url
+from aiogroupq.testing._cluster_server import ClusterProcess
 from aiogroupq.testing._server import (
     BINARY_ENV,
     ServerStartError,
@@ -123,3 +125,27 @@ async def both(
         aiogroupq.Admin(redis_client, queue=queue) as admin,
     ):
         yield producer, admin
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[ClusterProcess]:
+    """A Redis Cluster of 3 primaries on loopback ports, one per test module
+    (per xdist worker: every port is a free one)."""
+    try:
+        find_server_binary()
+    except Exception as exc:  # noqa: BLE001 - no server binary on this machine
+        pytest.skip(f"no server binary: {exc}")
+    with ClusterProcess(masters=3) as running:
+        yield running
+
+
+@pytest.fixture
+async def cluster_client(cluster: ClusterProcess) -> AsyncIterator[RedisCluster]:
+    """A cluster client on a flushed cluster."""
+    first = cluster.primaries()[0]
+    client = RedisCluster(host="127.0.0.1", port=first.port)
+    await client.flushall(target_nodes=RedisCluster.PRIMARIES)
+    try:
+        yield client
+    finally:
+        await client.aclose()

@@ -20,8 +20,7 @@ from __future__ import annotations
 import random
 import zlib
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
@@ -31,8 +30,6 @@ import aiogroupq
 from aiogroupq import ConfigurationError, Producer, Task, TaskState
 from aiogroupq._store.assignment import assign
 from aiogroupq._store.keys import QueueKeys, id_partition
-from aiogroupq.testing._cluster_server import ClusterProcess
-from aiogroupq.testing._server import find_server_binary
 
 from ._journal import (
     Flag,
@@ -45,30 +42,11 @@ from ._journal import (
 )
 from ._shares import connections_of, consume_sharing
 
+if TYPE_CHECKING:
+    from aiogroupq.testing._cluster_server import ClusterProcess
+
 #: liveness only
 PATIENCE = 60.0
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[ClusterProcess]:
-    try:
-        find_server_binary()
-    except Exception as exc:  # noqa: BLE001 - no server binary on this machine
-        pytest.skip(f"no server binary: {exc}")
-    with ClusterProcess(masters=3) as running:
-        yield running
-
-
-@pytest.fixture
-async def cluster_client(cluster: ClusterProcess) -> AsyncIterator[RedisCluster]:
-    """A cluster client on a flushed cluster."""
-    first = cluster.primaries()[0]
-    client = RedisCluster(host="127.0.0.1", port=first.port)
-    await client.flushall(target_nodes=RedisCluster.PRIMARIES)
-    try:
-        yield client
-    finally:
-        await client.aclose()
 
 
 def _slot(cluster: ClusterProcess, key: str | bytes) -> int:

@@ -25,9 +25,8 @@ import shlex
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import httpx
@@ -43,11 +42,12 @@ from aiogroupq._store.keys import QueueKeys
 from aiogroupq._store.registry import pid_running
 from aiogroupq._store.replies import FinishCode, HeartbeatCode
 from aiogroupq.dashboard import create_app
-from aiogroupq.testing._cluster_server import ClusterProcess
-from aiogroupq.testing._server import find_server_binary
 
 from ._journal import Flag, Job, Journal, client_for, spawned
 from ._web import serving
+
+if TYPE_CHECKING:
+    from aiogroupq.testing._cluster_server import ClusterProcess
 
 QUEUE = "dead-consumer"
 KEYS = QueueKeys(QUEUE)
@@ -586,16 +586,6 @@ async def test_a_killed_consumer_is_released_and_its_task_runs_once_more_in_orde
 
 
 # -- Redis Cluster -----------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[ClusterProcess]:
-    try:
-        find_server_binary()
-    except Exception as exc:  # noqa: BLE001 - no server binary on this machine
-        pytest.skip(f"no server binary: {exc}")
-    with ClusterProcess(masters=3) as running:
-        yield running
 
 
 async def test_release_and_in_flight_on_a_cluster(cluster: ClusterProcess) -> None:

@@ -30,6 +30,8 @@ from aiogroupq._store.replies import FinishCode, HeartbeatCode
 if TYPE_CHECKING:
     from ._roles import Both
 
+from ._clock import near
+
 QUEUE = "views"
 KEYS = QueueKeys(QUEUE)
 LEASE_MS = 60_000
@@ -70,15 +72,6 @@ async def register(
     await _scripts.heartbeat(
         client, KEYS, [], lease_ms=lease_ms, consumer=name, registration=fields
     )
-
-
-def near(
-    value: float | None, target: float, slack: float = 5.0, stall: float = 30.0
-) -> bool:
-    """*value* is *target* give or take *slack*, or up to *stall* seconds
-    older: *target* is read after *value* was written, and a busy machine
-    may pause between the two."""
-    return value is not None and target - slack - stall <= value <= target + slack
 
 
 # -- stats ---------------------------------------------------------------------

@@ -37,6 +37,8 @@ from aiogroupq._store.replies import FinishCode
 if TYPE_CHECKING:
     from ._roles import Both
 
+from ._clock import near
+
 QUEUE = "answers"
 KEYS = QueueKeys(QUEUE)
 LEASE_MS = 60_000
@@ -74,15 +76,6 @@ async def finish(
 
 async def consistent(client: redis.asyncio.Redis) -> None:
     assert (await _fsck.examine(client, KEYS)).problems == []
-
-
-def near(
-    value: float | None, target: float, slack: float = 5.0, stall: float = 30.0
-) -> bool:
-    """*value* is *target* give or take *slack*, or up to *stall* seconds
-    older: *target* is read after *value* was written, and a busy machine
-    may pause between the two."""
-    return value is not None and target - slack - stall <= value <= target + slack
 
 
 def hms(at: float | None) -> str:
