@@ -22,6 +22,8 @@ import aiogroupq
 from aiogroupq._store import connection as _connection, server_checks as _server_checks
 from aiogroupq.testing._server import ServerProcess, free_port
 
+from ._errorstats import error_count
+
 if TYPE_CHECKING:
     from ._spawn import Spawn
 
@@ -572,8 +574,7 @@ def test_server_versions_are_read_as_major_minor(
 
 async def _errors(client: redis.asyncio.Redis, code: str) -> int:
     """How many error replies with this code the server has sent."""
-    stats: Any = await client.info("errorstats")
-    return int(stats.get(f"errorstat_{code}", {}).get("count", 0))
+    return error_count(await client.info("errorstats"), code)
 
 
 async def test_a_readonly_reply_is_sent_again_until_the_server_is_promoted(
