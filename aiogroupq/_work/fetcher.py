@@ -317,7 +317,9 @@ class Fetchers:
                     share.record(frozenset(self._fetchers), count)
                 return bool(retired)
 
-            if share is not None:
+            # A queue of one partition is served by every consumer: no
+            # registry read at start, nor while it stays one.
+            if share is not None and self._parts.layout.count > 1:
                 await share.read(client, self._parts.keys(0))
             await follow(starting=True)
             task_status.started()
@@ -344,8 +346,10 @@ class Fetchers:
             if trim:
                 await trim_idle(client)
             changed = False
-            if share is not None and (
-                anyio.current_time() - registry_read >= share.every
+            if (
+                share is not None
+                and self._parts.layout.count > 1
+                and anyio.current_time() - registry_read >= share.every
             ):
                 registry_read = anyio.current_time()
                 changed = await share.read(client, self._parts.keys(0))
