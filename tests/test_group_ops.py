@@ -341,6 +341,51 @@ async def test_a_delayed_task_coming_due_between_calls_is_cancelled_too(
     await _clean(redis_client, queue)
 
 
+async def test_a_retry_in_its_backoff_passes_its_slot_on_only_after_the_line(
+    redis_client: redis.asyncio.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task in a retry's backoff holds the group's slot and sits in the
+    delayed set beside the tasks in their first delay. Cancelled with them,
+    it would pass its slot to the line's head, which a consumer could claim
+    and run before the line is cancelled: a consumer claims after every
+    call here, and must find nothing of the group's."""
+    queue = "gops-backoff"
+    keys = QueueKeys(queue)
+    real = _scripts.cancel_group
+    taken: list[str] = []
+
+    async def claim_after_each_call(*args: Any, **kw: Any) -> _scripts.GroupCancelled:
+        reply = await real(*args, **kw)
+        claimed = await _scripts.claim(
+            redis_client, keys, "c2", k=5, lease_ms=LEASE_MS, scan_limit=50
+        )
+        taken.extend(t.id for t in claimed.tasks)
+        return reply
+
+    async with (
+        aiogroupq.Producer(redis_client, queue=queue) as producer,
+        aiogroupq.Admin(redis_client, queue=queue) as admin,
+    ):
+        first = await producer.enqueue("t", 0, group="B")
+        claimed = await _scripts.claim(
+            redis_client, keys, "c1", k=1, lease_ms=LEASE_MS, scan_limit=50
+        )
+        assert [t.id for t in claimed.tasks] == [first]
+        retry = _scripts.Outcome(first, claimed.tasks[0].token, "retry", 3_600_000)
+        await _scripts.finish(redis_client, keys, [retry], retention_ms=LEASE_MS)
+        line = [await producer.enqueue("t", i, group="B") for i in range(1, 4)]
+        later = [await producer.enqueue("t", i, group="B", delay=3600) for i in (4, 5)]
+        assert await producer.status_many([first, *line, *later]) == (
+            ["delayed"] + ["queued"] * 3 + ["delayed"] * 2
+        )
+        monkeypatch.setattr(_scripts, "cancel_group", claim_after_each_call)
+
+        assert await admin.cancel_group("B") == 6
+        assert taken == []
+        assert set(await producer.status_many([first, *line, *later])) == {"cancelled"}
+    await _clean(redis_client, queue)
+
+
 # -- halted groups, dead letters, bad input --------------------------------------------
 
 

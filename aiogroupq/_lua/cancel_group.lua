@@ -16,8 +16,14 @@
                       are skipped), at most ARGV[7] (<= 1000) of them
               "ids":  cancel each task of ARGV[6..] (<= 1000 ids) that is a
                       queued or delayed task of the group; other ids are
-                      left alone (the caller found them in the delayed ZSET
-                      or among the group's slot holders)
+                      left alone (the caller found them among the group's
+                      slot holders)
+              "first": as "ids", but only the tasks in their first delay
+                      (the caller found them in the delayed ZSET): a slot
+                      holder there, a retry in its backoff, is left for the
+                      last call, as cancelling it passes its slot to the
+                      line's head, which could start before the line's
+                      call cancels it
               Admin sends 500 a call (CANCEL_GROUP_BATCH in
               _store/scripts.py): about 6 ms of Redis time.
   returns  {cancelled, running tasks asked to cancel, line entries looked
@@ -37,7 +43,7 @@
 
 local retention, g, running, op = tonumber(ARGV[2]), ARGV[3], ARGV[4] == '1', ARGV[5]
 local MAX = 1000
-if not retention or g == '' or (op ~= 'line' and op ~= 'ids') then
+if not retention or g == '' or (op ~= 'line' and op ~= 'ids' and op ~= 'first') then
   return redis.error_reply('ERR aiogroupq cancel_group: malformed arguments')
 end
 local skip, count = 0, 0
@@ -72,6 +78,7 @@ local function cancel_one(id)
   end
   if state ~= 'queued' and state ~= 'delayed' then return end
   local m = mark(G, id)
+  if m and op == 'first' then return end
   if m then -- it holds a slot: leave the place it holds it in, pass the slot on
     if m == '~' then
       redis.call('LREM', k_held(g), 1, id)

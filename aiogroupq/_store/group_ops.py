@@ -44,7 +44,10 @@ async def cancel_group(
     the line or the holders, read after it (the other way round it could
     leave the delayed set behind the walk and join a line already read,
     and be missed even with the group paused); a holder cancelled passes
-    its slot on to the line, which is then empty of the tasks there were.
+    its slot on to the line, which is then empty of the tasks there were
+    (so the walk of the delayed set leaves alone a holder it meets there,
+    a retry in its backoff: its slot would go to a task of the line, which
+    could start before the line's call).
     """
     batch = _scripts.CANCEL_GROUP_BATCH
 
@@ -61,7 +64,7 @@ async def cancel_group(
         chunks = aclosing(_members(client, keys.delayed, batch, "the delayed tasks"))
         async with chunks as found:
             async for ids in found:
-                r = await call(ids=ids, running=False)
+                r = await call(ids=ids, first=True, running=False)
                 done += r.cancelled
                 if r.delayed == 0:
                     break  # every one is found: the rest of the set is others'

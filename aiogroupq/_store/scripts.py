@@ -564,19 +564,21 @@ async def cancel_group(
     *,
     line: tuple[int, int] | None = None,
     ids: Sequence[str] = (),
+    first: bool = False,
     running: bool,
     retention_ms: int,
 ) -> GroupCancelled:
     """Cancel tasks of *group*, each only if it is a queued or delayed task
     of the group: with *line* ``(skip, count)``, those of its line from
     position *skip*, at most *count*; else *ids* (at most
-    :data:`CANCEL_GROUP_BATCH`). With *running*, also ask the consumers of
-    those that run to cancel them."""
+    :data:`CANCEL_GROUP_BATCH`), with *first* only those in their first
+    delay (no slot holder). With *running*, also ask the consumers of those
+    that run to cancel them."""
     args: list[EncodableT] = [retention_ms, group, "1" if running else ""]
     if line is not None:
         args += ("line", *line)
     else:
-        args += ("ids", *ids)
+        args += ("first" if first else "ids", *ids)
     reply = await CANCEL_GROUP(client, keys, (), args)
     return GroupCancelled(*(int(n) for n in reply))
 
