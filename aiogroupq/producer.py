@@ -35,6 +35,7 @@ from ._store.connection import (
 )
 from ._store.failures import outcome_of, unavailable_as_error
 from ._store.handle import QueueHandle
+from ._store.held import HeldConnection
 from ._store.partition import in_partition
 from ._store.queries import task_state
 from ._store.replies import (
@@ -155,6 +156,8 @@ class Producer(QueueHandle, anyio.AsyncContextManagerMixin):
                 f"allow_eviction must be True or False, got {allow_eviction!r}"
             )
         self._allow_eviction = allow_eviction
+        #: the send lane's own connection (None: the client's pool is used)
+        self._held: HeldConnection | None = None
         self._lane = Coalescer(
             self._send_now,
             self._refused,
@@ -170,6 +173,7 @@ class Producer(QueueHandle, anyio.AsyncContextManagerMixin):
             if self._replication is not None:
                 await check_replicas(client)
             self._client = client
+            self._held = HeldConnection.of(client)
             try:
                 yield self
             finally:
@@ -177,6 +181,9 @@ class Producer(QueueHandle, anyio.AsyncContextManagerMixin):
                     await self._lane.aclose()
                 finally:
                     self._client = None
+                    if self._held is not None:
+                        await self._held.aclose()
+                        self._held = None
 
     @unavailable_as_error
     async def enqueue(
@@ -354,6 +361,7 @@ class Producer(QueueHandle, anyio.AsyncContextManagerMixin):
                 news,
                 dedup_window_ms=self._dedup_window_ms,
                 replication=self._replication,
+                held=self._held,
             )
 
     def _refused(

@@ -45,12 +45,14 @@ from redis.exceptions import AskError, NoScriptError, ResponseError, TryAgainErr
 
 from ..errors import AiogroupqError, ConfigurationError
 from .connection import REDIS_FAILURES, cluster_glitches
+from .held import pack
 from .replies import public_error
 
 if TYPE_CHECKING:
     from redis.typing import EncodableT
 
     from .connection import Client
+    from .held import HeldConnection
     from .keys import QueueKeys
 
 
@@ -225,6 +227,30 @@ class Script:
             await self.load(client, keys)
             source = self.source.decode()
             return await client.eval(source, len(all_keys), *all_keys, *argv)
+        except ResponseError as exc:  # a refusal: nothing was written
+            if (error := _error_of(exc)) is not None:
+                raise error from exc
+            raise
+
+    async def held(
+        self,
+        held: HeldConnection,
+        keys: QueueKeys,
+        extra_keys: Sequence[str],
+        args: Sequence[EncodableT],
+    ) -> Any:
+        """Run the script on a producer's held connection (``held.py``), as
+        :meth:`__call__` runs it on a plain client: EVALSHA, and after
+        ``NOSCRIPT`` a load and EVAL with the whole source."""
+        all_keys = self.all_keys(keys, extra_keys)
+        tail = (len(all_keys), *all_keys, keys.prefix, *args)
+        try:
+            try:
+                return await held.call(pack(("EVALSHA", self.sha, *tail)))
+            except NoScriptError:
+                pass
+            await held.call(pack(("SCRIPT", "LOAD", self.source)))
+            return await held.call(pack(("EVAL", self.source, *tail)))
         except ResponseError as exc:  # a refusal: nothing was written
             if (error := _error_of(exc)) is not None:
                 raise error from exc

@@ -40,6 +40,7 @@ from .replies import (
 
 if TYPE_CHECKING:
     from .connection import Client
+    from .held import HeldConnection
 
 #: answers of a partition that send() handles (others are raised)
 _REFUSALS: Final = (
@@ -64,9 +65,11 @@ async def send(
     *,
     dedup_window_ms: int,
     replication: _scripts.Replication | None = None,
+    held: HeldConnection | None = None,
 ) -> list[str]:
     """Enqueue *news* (ids made for :meth:`Partitions.place`); return their
-    ids, in order.
+    ids, in order. A queue of one partition is sent on *held* where given
+    (a producer's connection, ``held.py``).
 
     :raises GroupFullRefusal: (index into *news*) a part was refused
     :raises GroupCorruptRefusal: (index into *news*) a part was refused
@@ -76,7 +79,9 @@ async def send(
     """
     if not parts.partitioned:
         try:
-            return await _send_one(client, parts, news, dedup_window_ms, replication)
+            return await _send_one(
+                client, parts, news, dedup_window_ms, replication, held
+            )
         except StaleLayoutRefusal:
             await _layout.refresh(client, parts)  # partitioned since we looked
     batch = _Batch(news)
@@ -106,6 +111,7 @@ async def _send_one(
     news: Sequence[_scripts.NewTask],
     dedup_window_ms: int,
     replication: _scripts.Replication | None,
+    held: HeldConnection | None,
 ) -> list[str]:
     """A queue of one partition: one call, exactly as before partitions
     existed (it raises the refusals as they come)."""
@@ -117,6 +123,7 @@ async def _send_one(
             news,
             dedup_window_ms=dedup_window_ms,
             replication=replication,
+            held=held,
         ),
     )
 

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from redis.typing import EncodableT
 
     from .connection import Client
+    from .held import HeldConnection
     from .keys import QueueKeys
 
 # The catalogue: every script of the package, with the fixed keys it takes.
@@ -144,11 +145,13 @@ async def enqueue(
     dedup_window_ms: int,
     routing: Routing | None = None,
     replication: Replication | None = None,
+    held: HeldConnection | None = None,
 ) -> list[str]:
     """Add *tasks* in one atomic call; return each task's id (a deduplicated
     task's is the id of the task holding its key; "" for a schedule tick that
     was enqueued already; :data:`~.replies.MOVED` for a task whose group
-    moved).
+    moved). Sent on *held* (a producer's connection, ``held.py``) when given
+    and no replication is waited for.
 
     :raises GroupFullRefusal: nothing written, a group would exceed its cap
     :raises GroupCorruptRefusal: nothing written, a group's key is damaged
@@ -181,7 +184,9 @@ async def enqueue(
         args += ("" if h is None else h for h in routing.hashes)
     acked = -1
     try:
-        if replication is None:
+        if replication is None and held is not None:
+            reply = await ENQUEUE.held(held, keys, (), args)
+        elif replication is None:
             reply = await ENQUEUE(client, keys, (), args)
         else:
             reply, acked = await ENQUEUE.replicated(

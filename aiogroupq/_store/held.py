@@ -1,0 +1,146 @@
+"""One connection held by a producer's send lane, spoken to directly.
+
+A lone ``enqueue()`` is one script call, and through redis-py's client each
+costs the caller about 120 µs of CPU: the pool's get and release, the
+command packed argument by argument, a task for the socket write's timeout
+and the retry wrappers, against some 40 µs for writing the packed command
+and reading its reply. The producer's lane never has two calls on the wire
+(``coalesce.py``), so it holds one connection of its own and sends each
+call as one pre-packed write. Everything else stays redis-py's: the
+connection is made by the client's connection class with the client's
+settings (its handshake, TLS, credentials, socket timeouts), and each call
+goes through the client's retry policy (:class:`~.connection.BoundedRetry`:
+its budget, its re-sends after a lost connection, what it reports to
+``failures.py``), as a command of the client would.
+
+Only a plain client that aiogroupq made from a URL is held this way
+(:meth:`HeldConnection.of`); a borrowed client, a cluster or a Sentinel
+client keeps redis-py's path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+import redis.exceptions as rexc
+from redis.asyncio import Redis
+from redis.asyncio.connection import (
+    Connection,
+    ConnectionPool,
+    SSLConnection,
+    UnixDomainSocketConnection,
+)
+
+from .connection import sees_every_try
+
+if TYPE_CHECKING:
+    from redis.typing import EncodableT
+
+    from .connection import Client
+
+#: connection classes whose reading and writing we know (a Sentinel's,
+#: which finds its primary on connect, is not among them)
+_PLAIN: Final = (Connection, SSLConnection, UnixDomainSocketConnection)
+
+
+def pack(args: Sequence[EncodableT]) -> bytes:
+    """One command in the Redis protocol: bytes as they are, text as UTF-8,
+    integers in decimal (the only kinds a script call of ours carries)."""
+    out = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        if isinstance(arg, bytes):
+            value = arg
+        elif isinstance(arg, str):
+            value = arg.encode()
+        elif isinstance(arg, int) and not isinstance(arg, bool):
+            value = b"%d" % arg
+        else:
+            raise TypeError(f"cannot send {type(arg).__name__} {arg!r} to Redis")
+        out.append(b"$%d\r\n%s\r\n" % (len(value), value))
+    return b"".join(out)
+
+
+class HeldConnection:
+    """A connection of *client*'s kind, made with its settings, for calls
+    that never overlap. Made on the first call; closed by :meth:`aclose`."""
+
+    __slots__ = ("_connection", "_timeout")
+
+    def __init__(self, client: Redis) -> None:
+        pool = client.connection_pool
+        self._connection: Any = pool.connection_class(**pool.connection_kwargs)
+        self._timeout: float | None = pool.connection_kwargs.get("socket_timeout")
+
+    @classmethod
+    def of(cls, client: Client) -> HeldConnection | None:
+        """A held connection for *client*, or None where its commands must
+        keep going through redis-py (see the module's docstring)."""
+        if not isinstance(client, Redis) or not sees_every_try(client):
+            return None
+        pool = client.connection_pool
+        if type(pool) is not ConnectionPool or pool.connection_class not in _PLAIN:
+            return None
+        return cls(client)
+
+    async def call(self, packed: bytes) -> Any:
+        """Send one packed command (:func:`pack`) and return its reply.
+
+        :raises redis.exceptions.ResponseError: (or a subclass) for an error reply
+        :raises redis.exceptions.ConnectionError: (or the retry policy's
+            error) when the connection fails beyond the client's re-sends
+        """
+        connection = self._connection
+        return await connection.retry.call_with_retry(
+            lambda: self._once(packed), self._failed
+        )
+
+    async def _once(self, packed: bytes) -> Any:
+        connection = self._connection
+        if connection.is_connected and (
+            connection._reader.at_eof() or connection._writer.transport.is_closing()
+        ):
+            # Closed by the server while idle (a restart, its timeout): a
+            # request written into it could not be told from one that
+            # reached the server, so a new connection first, whose refusal
+            # says for certain that nothing was sent.
+            await connection.disconnect()
+        if not connection.is_connected:
+            await connection.connect()
+        try:
+            # The reply, not the write, is what is waited for: a small
+            # command fits the socket's buffer, a large one is drained.
+            connection._writer.write(packed)
+            await connection._writer.drain()
+            if self._timeout is None:
+                reply = await connection._parser.read_response()
+            else:
+                async with asyncio.timeout(self._timeout):
+                    reply = await connection._parser.read_response()
+        except BaseException as exc:
+            # Cut mid-reply (a timeout, a cancel, a lost socket): whatever
+            # the socket still holds belongs to no later call.
+            await connection.disconnect(nowait=True)
+            # Raised as redis-py raises them, for the retry policy.
+            where = connection._host_error()
+            if isinstance(exc, TimeoutError):
+                raise rexc.TimeoutError(f"Timeout reading from {where}") from exc
+            if isinstance(exc, OSError):
+                raise rexc.ConnectionError(
+                    f"Error while talking to {where}: {exc}"
+                ) from exc
+            raise
+        if isinstance(reply, rexc.ResponseError):
+            raise reply
+        return reply
+
+    async def _failed(self, error: BaseException) -> None:
+        # As redis-py's client does before re-sending: a new connection
+        # (after READONLY, one that may lead to the new primary).
+        del error
+        await self._connection.disconnect()
+
+    async def aclose(self) -> None:
+        """Close the connection (a later call opens it again)."""
+        await self._connection.disconnect()
