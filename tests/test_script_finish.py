@@ -213,6 +213,22 @@ async def test_finish_back_does_not_count_the_attempt(
     await assert_consistent(redis_client)
 
 
+@pytest.mark.parametrize("kind", ["retry", "back"])
+async def test_a_task_runnable_again_at_once_keeps_its_priority(
+    redis_client: redis.asyncio.Redis, kind: _scripts.OutcomeKind
+) -> None:
+    # Handed back, or retried without a delay, a task goes back to the front
+    # at its own priority: before the lower ones waiting, behind none.
+    await enqueue(redis_client, new("hi", priority=5))
+    await enqueue(redis_client, *(new(f"lo{i}", priority=3) for i in range(3)))
+    hi = await claim_one(redis_client)
+    assert hi.id == "hi"
+    outcome = _scripts.Outcome("hi", hi.token, kind, 0, "err")
+    assert await finish(redis_client, outcome) == [FinishCode.APPLIED]
+    assert await claim_ids(redis_client) == ["hi", "lo0", "lo1", "lo2"]
+    await assert_consistent(redis_client)
+
+
 async def test_finish_with_a_stale_token_changes_nothing(
     redis_client: redis.asyncio.Redis,
 ) -> None:

@@ -82,10 +82,16 @@ local unleased, unclaimed = {}, {}
 -- Heads of batches (lib/batch.lua) ended here: {id, member list, G}.
 local ended_heads = {}
 
--- Apply one outcome whose token owns the running task; returns its code.
+-- The priority level a task runnable again takes (0 without one).
+local function level(key)
+  return tonumber(redis.call('HGET', key, 'p')) or 0
+end
+
+-- Apply one outcome whose token owns the running task (f: its fields k, s,
+-- g, c, cx, w, bh, bm, bx, as read below); returns its code.
 local function apply(id, token, kind, arg1, arg2, f)
   local key = k_task(id)
-  local converted = f[6] and (kind == 'retry' or kind == 'back' or kind == 'line')
+  local converted = f[5] and (kind == 'retry' or kind == 'back' or kind == 'line')
   if converted then kind = 'cancel' end
   unleased[#unleased + 1] = id
   if f[4] then
@@ -96,14 +102,14 @@ local function apply(id, token, kind, arg1, arg2, f)
     end
     of[#of + 1] = id
   end
-  if f[9] or f[10] or f[11] then redis.call('HDEL', key, 'bh', 'bm', 'bx') end -- batch over
+  if f[7] or f[8] or f[9] then redis.call('HDEL', key, 'bh', 'bm', 'bx') end -- batch over
   local g, G = f[3], nil
   if g then
     G = group(g)
-    if G and f[10] and not f[9] then ended_heads[#ended_heads + 1] = { id, f[10], G } end
+    if G and f[8] and not f[7] then ended_heads[#ended_heads + 1] = { id, f[8], G } end
     if not G then -- end the task on its own; its group stays as it is
       if kind == 'ok' or kind == 'cancel' then
-        conclude(id, kind == 'ok' and 'succeeded' or 'cancelled', now, retention, f[7] ~= false, token)
+        conclude(id, kind == 'ok' and 'succeeded' or 'cancelled', now, retention, f[6] ~= false, token)
       else
         redis.call('HSET', key, 'f', token)
         bury(id, nil, false, now, damage_reason('a key of group ' .. g .. ' is damaged'), arg2)
@@ -115,14 +121,14 @@ local function apply(id, token, kind, arg1, arg2, f)
     if G then readied = readied + release(G, id) end
     local result = kind == 'ok' and arg1 ~= '' and arg1 or nil
     conclude(id, kind == 'ok' and 'succeeded' or 'cancelled', now, retention,
-      f[7] ~= false, token, result)
+      f[6] ~= false, token, result)
   elseif kind == 'retry' then
     local delay = tonumber(arg1)
     redis.call('HDEL', key, 'c')
     redis.call('HSET', key, 'f', token, 'x', arg2)
     bump('retried', 1)
     if delay <= 0 then
-      continue_front(G, id, tonumber(f[8]) or 0)
+      continue_front(G, id, level(key))
       -- Runnable again now: its pickup latency starts here, not at enqueue.
       redis.call('HSET', key, 's', 'queued', 'dt', now)
       readied = readied + 1
@@ -150,7 +156,7 @@ local function apply(id, token, kind, arg1, arg2, f)
     redis.call('HDEL', key, 'c')
     redis.call('HSET', key, 'f', token, 's', 'queued')
     incr(key, 'a', -1)
-    continue_front(G, id, tonumber(f[8]) or 0)
+    continue_front(G, id, level(key))
     readied = readied + 1
   end
   return converted and 3 or 1
@@ -159,14 +165,16 @@ end
 for i = 0, n - 1 do
   local b = 4 + 5 * i
   local id, token = ARGV[b], ARGV[b + 1]
-  local f = redis.pcall('HMGET', k_task(id), 'k', 's', 'g', 'c', 'f', 'cx', 'w', 'p', 'bh', 'bm',
-    'bx')
+  -- Only what every outcome needs: each field named costs the read, most
+  -- of all one that is absent (f, p, the batch fields mostly are); the
+  -- rest is read on the paths that use it.
+  local f = redis.pcall('HMGET', k_task(id), 'k', 's', 'g', 'c', 'cx', 'w', 'bh', 'bm', 'bx')
   if wrong_type(f) then
     codes[#codes + 1] = 5
   elseif f[1] == token and f[2] == 'running'
       and (tonumber(redis.call('ZSCORE', K_LEASES, id)) or 0) > now then
     codes[#codes + 1] = apply(id, token, ARGV[b + 2], ARGV[b + 3], ARGV[b + 4], f)
-  elseif f[5] == token then
+  elseif redis.call('HGET', k_task(id), 'f') == token then
     codes[#codes + 1] = 2
   else
     codes[#codes + 1] = 0
