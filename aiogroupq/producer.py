@@ -25,7 +25,7 @@ from ._limits import (
     MAX_BATCH,
 )
 from ._store import routing as _routing, scripts as _scripts, validate as _validate
-from ._store.coalesce import Coalescer, Refusal
+from ._store.coalesce import Coalescer, Refusal, SendElsewhere, Sender
 from ._store.codec import EncodeFailure, decode_result, encode_payload, identity, pack
 from ._store.connection import (
     RedisLike,
@@ -42,6 +42,7 @@ from ._store.replies import (
     CancelCode,
     GroupFullRefusal,
     NotReplicatedRefusal,
+    StaleLayoutRefusal,
     public_error,
 )
 from ._store.server_checks import check_replicas, check_server
@@ -163,6 +164,7 @@ class Producer(QueueHandle, anyio.AsyncContextManagerMixin):
             self._refused,
             max_tasks=MAX_BATCH,
             max_bytes=max_batch_bytes,
+            direct=self._direct,
         )
 
     @asynccontextmanager
@@ -343,9 +345,25 @@ class Producer(QueueHandle, anyio.AsyncContextManagerMixin):
         # queue up meanwhile (_store/coalesce.py).
         return await self._lane.submit(news)
 
-    async def _send_now(self, news: Sequence[_scripts.NewTask]) -> list[str]:
+    def _direct(self) -> Sender | None:
+        """The lane's sender for a lone call in its caller's task: the held
+        connection, where it carries the call (see ``_store/coalesce.py``)."""
+        if self._held is None or self._parts.partitioned or self._replication:
+            return None
+        return self._send_held
+
+    async def _send_held(self, news: Sequence[_scripts.NewTask]) -> list[str]:
+        try:
+            return await self._send_now(news, held_only=True)
+        except StaleLayoutRefusal:  # nothing written: the lane sends it
+            raise SendElsewhere from None
+
+    async def _send_now(
+        self, news: Sequence[_scripts.NewTask], *, held_only: bool = False
+    ) -> list[str]:
         """One script call (per partition) carrying *news*; refusals are
-        raised as they come, with their index into *news*."""
+        raised as they come, with their index into *news*. *held_only*: on
+        the held connection or not at all (StaleLayoutRefusal)."""
         client = self._open_client()
 
         def certain() -> bool:
@@ -355,6 +373,15 @@ class Producer(QueueHandle, anyio.AsyncContextManagerMixin):
             return sees_every_try(client) and not self._parts.partitioned
 
         with outcome_of([new.id for new in news], certain=certain):
+            if held_only:
+                assert self._held is not None
+                return await _routing.send_held(
+                    client,
+                    self._parts,
+                    news,
+                    dedup_window_ms=self._dedup_window_ms,
+                    held=self._held,
+                )
             return await _routing.send(
                 client,
                 self._parts,

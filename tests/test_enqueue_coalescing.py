@@ -21,7 +21,7 @@ from aiogroupq import (
     Task,
 )
 from aiogroupq._store import routing
-from aiogroupq._store.coalesce import Coalescer, Refusal
+from aiogroupq._store.coalesce import Coalescer, Refusal, SendElsewhere
 from aiogroupq._store.keys import QueueKeys
 from aiogroupq._store.replies import GroupFullRefusal
 from aiogroupq._store.scripts import NewTask
@@ -300,3 +300,84 @@ async def test_a_cancelled_caller_keeps_the_lane_until_its_call_ends() -> None:
     assert await second == ["b"]
     await closed
     assert log == ["start a", "end a", "start b", "end b"]
+
+
+async def test_a_lone_call_runs_in_its_callers_task_on_a_direct_sender() -> None:
+    # The direct sender keeps a cancelled call's order itself: no task, and
+    # the calls queued meanwhile go the lane's way once it is answered.
+    where: list[object] = []
+    gate = asyncio.Event()
+
+    async def direct(news: Sequence[NewTask]) -> list[str]:
+        where.append(asyncio.current_task())
+        await gate.wait()
+        return [n.id for n in news]
+
+    async def send(news: Sequence[NewTask]) -> list[str]:
+        where.append("lane")
+        return [n.id for n in news]
+
+    def public(refusal: Refusal, news: Sequence[NewTask]) -> BaseException:
+        raise AssertionError(refusal)
+
+    lane = Coalescer(
+        send, public, max_tasks=1000, max_bytes=10**6, direct=lambda: direct
+    )
+    first = asyncio.ensure_future(lane.submit([_new("a")]))
+    await asyncio.sleep(0)
+    second = asyncio.ensure_future(lane.submit([_new("b")]))
+    await asyncio.sleep(0)
+    gate.set()
+    assert await first == ["a"]
+    assert await second == ["b"]
+    assert where == [first, "lane"]
+    await lane.aclose()
+
+
+async def test_a_direct_sender_that_cannot_send_hands_the_call_to_the_lane() -> None:
+    sent: list[str] = []
+
+    async def direct(news: Sequence[NewTask]) -> list[str]:
+        raise SendElsewhere  # e.g. the queue was partitioned meanwhile
+
+    async def send(news: Sequence[NewTask]) -> list[str]:
+        sent.extend(n.id for n in news)
+        return [n.id for n in news]
+
+    def public(refusal: Refusal, news: Sequence[NewTask]) -> BaseException:
+        raise AssertionError(refusal)
+
+    lane = Coalescer(
+        send, public, max_tasks=1000, max_bytes=10**6, direct=lambda: direct
+    )
+    assert await lane.submit([_new("a")]) == ["a"]
+    assert sent == ["a"]
+    await lane.aclose()
+
+
+async def test_a_cancelled_direct_call_frees_the_lane_for_the_next() -> None:
+    # The caller's own task carried it: cancelled, it ends, and the lane
+    # goes on (the sender, not the lane, keeps the next call behind it).
+    gate = asyncio.Event()
+
+    async def direct(news: Sequence[NewTask]) -> list[str]:
+        if news[0].id == "a":
+            await gate.wait()
+        return [n.id for n in news]
+
+    async def send(news: Sequence[NewTask]) -> list[str]:
+        return [n.id for n in news]
+
+    def public(refusal: Refusal, news: Sequence[NewTask]) -> BaseException:
+        raise AssertionError(refusal)
+
+    lane = Coalescer(
+        send, public, max_tasks=1000, max_bytes=10**6, direct=lambda: direct
+    )
+    first = asyncio.ensure_future(lane.submit([_new("a")]))
+    await asyncio.sleep(0)
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    assert await lane.submit([_new("b")]) == ["b"]
+    await lane.aclose()

@@ -9,10 +9,12 @@ of their own.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 import redis.asyncio
 from redis.asyncio.connection import BlockingConnectionPool, Connection
@@ -58,6 +60,11 @@ async def held(redis_url: str) -> AsyncIterator[HeldConnection]:
     finally:
         await made.aclose()
         await client.aclose()
+
+
+def _owes(held: HeldConnection) -> bool:
+    # A call, not the property: each reading is its own (for the type checker).
+    return held.owes
 
 
 def _held_of(producer: aiogroupq.Producer) -> HeldConnection:
@@ -238,3 +245,89 @@ async def test_an_enqueue_right_after_the_server_stopped_is_unavailable(
         with pytest.raises(aiogroupq.RedisUnavailableError) as info:
             await producer.enqueue("t", "refused")
     assert type(info.value) is aiogroupq.RedisUnavailableError, info.value
+
+
+async def test_a_cancelled_enqueue_keeps_its_place_before_the_next(
+    redis_url: str, redis_client: redis.asyncio.Redis
+) -> None:
+    # An enqueue written and waiting for its reply is cancelled (its caller
+    # gave up): the connection stays, the reply owed, and the next enqueue
+    # goes behind it on the same connection, reading that reply first. So
+    # the group's first task is the cancelled call's, and the second call
+    # gets its own id. (Closed instead, the server would drop the paused
+    # request, and the group would hold the second task alone.)
+    async with aiogroupq.Producer(redis_url, queue=QUEUE) as producer:
+        held = _held_of(producer)
+        await producer.enqueue("t", "warm")
+        own_id = await held.call(pack(["CLIENT", "ID"]))
+        await redis_client.client_pause(PATIENCE * 1000, all=False)
+        try:
+            first = asyncio.ensure_future(producer.enqueue("t", "1st", group="g"))
+            with anyio.fail_after(PATIENCE):  # written, its reply awaited
+                while not held.owes:
+                    await anyio.sleep(0.01)
+            first.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await first
+            assert _owes(held)
+            second = asyncio.ensure_future(producer.enqueue("t", "2nd", group="g"))
+        finally:
+            await redis_client.client_unpause()
+        with anyio.fail_after(PATIENCE):
+            second_id = await second
+        assert not _owes(held)
+        assert await held.call(pack(["CLIENT", "ID"])) == own_id
+        async with aiogroupq.Admin(redis_client, queue=QUEUE) as admin:
+            info = await admin.group_info("g")
+        assert info.head is not None
+        assert info.head.id != second_id  # the cancelled call's task
+        assert info.backlog == 1
+        assert await producer.status(second_id) == aiogroupq.TaskState.QUEUED
+    assert await _enqueued(redis_client) == 3
+
+
+async def test_a_budget_spent_waiting_for_a_reply_closes_the_connection(
+    redis_url: str, redis_client: redis.asyncio.Redis
+) -> None:
+    # The server does not answer within the budget: the reply is not owed
+    # to the next call (it may never come), the connection is made again.
+    async with aiogroupq.Producer(redis_url, queue=QUEUE) as producer:
+        held = _held_of(producer)
+        await producer.enqueue("t", "warm")
+        own_id = await held.call(pack(["CLIENT", "ID"]))
+        await redis_client.client_pause(PATIENCE * 1000, all=False)
+        try:
+            with pytest.raises(aiogroupq.OutcomeUnknownError):
+                await producer.enqueue("t", "unanswered")
+            assert not _owes(held)
+        finally:
+            await redis_client.client_unpause()
+        with anyio.fail_after(PATIENCE):
+            task_id = await producer.enqueue("t", "after")
+        assert await producer.status(task_id) == aiogroupq.TaskState.QUEUED
+        assert await held.call(pack(["CLIENT", "ID"])) != own_id
+
+
+async def test_a_partitioned_send_reads_what_the_held_connection_owes_first(
+    redis_url: str, redis_client: redis.asyncio.Redis
+) -> None:
+    # A partitioned queue's tasks go through the client's pool: a request
+    # the held connection still owes a reply for is read out first, so the
+    # pool's commands cannot overtake it.
+    async with aiogroupq.Producer(redis_url, queue="held-p", partitions=2) as producer:
+        held = _held_of(producer)
+        await redis_client.client_pause(PATIENCE * 1000, all=False)
+        try:
+            with anyio.move_on_after(0.05) as scope:
+                await held.call(pack(["INCR", "held:owed"]))
+            assert scope.cancelled_caught
+            assert _owes(held)
+            sent = asyncio.ensure_future(producer.enqueue("t", "x", group="g"))
+            await anyio.lowlevel.checkpoint()  # on its way (its first step at least)
+        finally:
+            await redis_client.client_unpause()
+        with anyio.fail_after(PATIENCE):
+            task_id = await sent
+        assert not _owes(held)
+        assert await producer.status(task_id) == aiogroupq.TaskState.QUEUED
+    assert await redis_client.get("held:owed") == b"1"

@@ -1,7 +1,12 @@
 """One producer's enqueues, coalesced while one is on the wire.
 
-A call that finds nothing in flight is sent at once, in its caller's task:
-a lone or sequential enqueue waits for nothing. Calls made while one is in
+A call that finds nothing in flight is sent at once: a lone or sequential
+enqueue waits for nothing. It goes in a task of its own, which keeps the
+lane busy until the call is answered even if its caller is cancelled (a
+request on the wire may still run, and nothing may overtake it); or, where
+the producer's sender keeps that order itself (its held connection reads a
+cancelled call's reply before the next one's, ``held.py``), in the
+caller's task, which saves the task and two of the event loop's turns. Calls made while one is in
 flight queue up, in call order, and go together as one script call (as
 many as fit in :data:`~aiogroupq._limits.MAX_BATCH` tasks and the producer's
 ``max_batch_bytes``; the rest in the next) once the wire is free: 100
@@ -40,6 +45,12 @@ if TYPE_CHECKING:
 #: what the sender raises about the tasks it was given (index into them)
 Refusal = GroupFullRefusal | GroupCorruptRefusal | NotReplicatedRefusal
 _REFUSALS: Final = (GroupFullRefusal, GroupCorruptRefusal, NotReplicatedRefusal)
+#: sends tasks in one call and returns their ids
+Sender = Callable[[Sequence["NewTask"]], Coroutine[Any, Any, list[str]]]
+
+
+class SendElsewhere(Exception):
+    """A direct sender sent nothing: the call must go the lane's own way."""
 
 
 class _Call:
@@ -73,10 +84,15 @@ class Coalescer:
     :param max_tasks: the most tasks one coalesced script call carries
     :param max_bytes: the most bytes of envelopes one coalesced call carries
         (a single call larger than that still goes, alone)
+    :param direct: gives, for a lone call, a sender that may run in its
+        caller's task (a cancelled call on it can be overtaken by no later
+        one), or None; such a sender raises :class:`SendElsewhere`, having
+        sent nothing, for a call that *send* must carry instead
     """
 
     __slots__ = (
         "_busy",
+        "_direct",
         "_flusher",
         "_idle",
         "_max_bytes",
@@ -89,13 +105,15 @@ class Coalescer:
 
     def __init__(
         self,
-        send: Callable[[Sequence[NewTask]], Coroutine[Any, Any, list[str]]],
+        send: Sender,
         public: Callable[[Refusal, Sequence[NewTask]], BaseException],
         *,
         max_tasks: int,
         max_bytes: int,
+        direct: Callable[[], Sender | None] = lambda: None,
     ) -> None:
         self._send = send
+        self._direct = direct
         self._public = public
         self._max_tasks = max_tasks
         self._max_bytes = max_bytes
@@ -119,21 +137,39 @@ class Coalescer:
             call = _Call(news, loop.create_future())
             self._queue.append(call)
             return await call.future
-        # Nothing in flight: sent now. In a task of its own, and the lane
-        # busy until it is answered, even when its caller is cancelled: a
-        # request on the wire may still run, and nothing may overtake it.
+        # Nothing in flight: sent now.
         self._busy = True
         self._idle.clear()
+        if (direct := self._direct()) is not None:
+            try:
+                ids = await direct(news)
+            except SendElsewhere:
+                pass  # nothing sent: the lane's own way below
+            except BaseException as exc:
+                self._after_lone(exc)
+                if isinstance(exc, _REFUSALS):
+                    raise self._public(exc, news) from None
+                raise
+            else:
+                self._after_lone(None)
+                return ids
+        # In a task of its own, and the lane busy until it is answered, even
+        # when its caller is cancelled.
         sent = loop.create_task(self._send(news))
-        sent.add_done_callback(self._after_direct)
+        sent.add_done_callback(self._after_task)
         try:
             return await asyncio.shield(sent)
         except _REFUSALS as refusal:
             raise self._public(refusal, news) from None
 
-    def _after_direct(self, sent: asyncio.Task[list[str]]) -> None:
-        if not sent.cancelled() and isinstance(sent.exception(), RedisUnavailableError):
-            self._fail_queued(sent.exception())
+    def _after_task(self, sent: asyncio.Task[list[str]]) -> None:
+        self._after_lone(None if sent.cancelled() else sent.exception())
+
+    def _after_lone(self, error: BaseException | None) -> None:
+        """A lone call is answered (*error*: how it failed): the calls
+        queued meanwhile go next."""
+        if isinstance(error, RedisUnavailableError):
+            self._fail_queued(error)
         if self._queue:
             self._flusher = asyncio.get_running_loop().create_task(self._flush())
         else:

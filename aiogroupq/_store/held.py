@@ -21,6 +21,7 @@ client keeps redis-py's path.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
@@ -64,14 +65,24 @@ def pack(args: Sequence[EncodableT]) -> bytes:
 
 class HeldConnection:
     """A connection of *client*'s kind, made with its settings, for calls
-    that never overlap. Made on the first call; closed by :meth:`aclose`."""
+    that never overlap. Made on the first call; closed by :meth:`aclose`.
 
-    __slots__ = ("_connection", "_timeout")
+    A call whose caller is cancelled while its reply is awaited leaves the
+    connection open, the reply *owed*: the next call reads and drops it
+    before its own, so that a request already written is never overtaken by
+    a later one (on one connection the server answers in order). A call
+    that fails otherwise (a timeout, a lost connection, the client's budget
+    spent) closes it: the next call opens a new one.
+    """
+
+    __slots__ = ("_connection", "_owed", "_timeout")
 
     def __init__(self, client: Redis) -> None:
         pool = client.connection_pool
         self._connection: Any = pool.connection_class(**pool.connection_kwargs)
         self._timeout: float | None = pool.connection_kwargs.get("socket_timeout")
+        #: replies written for and not read yet, the current call's included
+        self._owed = 0
 
     @classmethod
     def of(cls, client: Client) -> HeldConnection | None:
@@ -84,6 +95,11 @@ class HeldConnection:
             return None
         return cls(client)
 
+    @property
+    def owes(self) -> bool:
+        """Whether a cancelled call's reply is still to be read."""
+        return self._owed > 0
+
     async def call(self, packed: bytes) -> Any:
         """Send one packed command (:func:`pack`) and return its reply.
 
@@ -91,10 +107,24 @@ class HeldConnection:
         :raises redis.exceptions.ConnectionError: (or the retry policy's
             error) when the connection fails beyond the client's re-sends
         """
-        connection = self._connection
-        return await connection.retry.call_with_retry(
-            lambda: self._once(packed), self._failed
-        )
+        try:
+            return await self._connection.retry.call_with_retry(
+                lambda: self._once(packed), self._failed
+            )
+        except Exception:
+            # The budget spent while a reply was awaited (it cancels the
+            # read, as a caller's cancel does): the server is not answering,
+            # and a new connection is what the next call needs.
+            if self._owed:
+                await self._drop()
+            raise
+
+    async def settle(self) -> None:
+        """Read the replies of cancelled calls (before a command is sent
+        another way than this connection, which must not overtake them)."""
+        if self._owed:
+            with contextlib.suppress(rexc.ResponseError):  # theirs, not ours
+                await self.call(b"")
 
     async def _once(self, packed: bytes) -> Any:
         connection = self._connection
@@ -105,23 +135,31 @@ class HeldConnection:
             # request written into it could not be told from one that
             # reached the server, so a new connection first, whose refusal
             # says for certain that nothing was sent.
-            await connection.disconnect()
+            await self._drop()
         if not connection.is_connected:
-            await connection.connect()
+            self._owed = 0
+            try:
+                await connection.connect()
+            except BaseException:
+                await self._drop()  # cut mid-handshake: of no use
+                raise
+        reply: Any = None
         try:
-            # The reply, not the write, is what is waited for: a small
-            # command fits the socket's buffer, a large one is drained.
-            connection._writer.write(packed)
-            await connection._writer.drain()
-            if self._timeout is None:
-                reply = await connection._parser.read_response()
-            else:
-                async with asyncio.timeout(self._timeout):
-                    reply = await connection._parser.read_response()
+            if packed:
+                # The reply, not the write, is what is waited for: a small
+                # command fits the socket's buffer, a large one is drained.
+                connection._writer.write(packed)
+                self._owed += 1
+                await connection._writer.drain()
+            while self._owed:  # the earlier calls' replies first, then ours
+                reply = await self._read()
+                self._owed -= 1
+        except asyncio.CancelledError:
+            raise  # the reply stays owed, the connection open
         except BaseException as exc:
-            # Cut mid-reply (a timeout, a cancel, a lost socket): whatever
-            # the socket still holds belongs to no later call.
-            await connection.disconnect(nowait=True)
+            # Cut mid-reply (a timeout, a lost socket): whatever the socket
+            # still holds belongs to no later call.
+            await self._drop(nowait=True)
             # Raised as redis-py raises them, for the retry policy.
             where = connection._host_error()
             if isinstance(exc, TimeoutError):
@@ -135,12 +173,23 @@ class HeldConnection:
             raise reply
         return reply
 
+    async def _read(self) -> Any:
+        parser = self._connection._parser
+        if self._timeout is None:
+            return await parser.read_response()
+        async with asyncio.timeout(self._timeout):
+            return await parser.read_response()
+
+    async def _drop(self, *, nowait: bool = False) -> None:
+        self._owed = 0
+        await self._connection.disconnect(nowait=nowait)
+
     async def _failed(self, error: BaseException) -> None:
         # As redis-py's client does before re-sending: a new connection
         # (after READONLY, one that may lead to the new primary).
         del error
-        await self._connection.disconnect()
+        await self._drop()
 
     async def aclose(self) -> None:
         """Close the connection (a later call opens it again)."""
-        await self._connection.disconnect()
+        await self._drop()

@@ -84,6 +84,10 @@ async def send(
             )
         except StaleLayoutRefusal:
             await _layout.refresh(client, parts)  # partitioned since we looked
+    if held is not None:
+        # Sent another way from here: what the held connection still owes
+        # a cancelled call is read first, so that nothing overtakes it.
+        await held.settle()
     batch = _Batch(news)
     for rounds in range(_STALE_ROUNDS):
         by_part = batch.place(parts)
@@ -103,6 +107,24 @@ async def send(
         f"queue {parts.queue!r}: its partitions keep refusing tasks as misplaced "
         f"(layout {parts.layout.text()}); run 'aiogroupq check {parts.queue}'"
     )
+
+
+async def send_held(
+    client: Client,
+    parts: Partitions,
+    news: Sequence[_scripts.NewTask],
+    *,
+    dedup_window_ms: int,
+    held: HeldConnection,
+) -> list[str]:
+    """Enqueue *news* in a queue of one partition on *held* alone.
+
+    :raises StaleLayoutRefusal: nothing written: the queue was partitioned
+        since its layout was read (:func:`send` finds where the tasks go)
+    :raises GroupFullRefusal: (index into *news*) refused
+    :raises GroupCorruptRefusal: (index into *news*) refused
+    """
+    return await _send_one(client, parts, news, dedup_window_ms, None, held)
 
 
 async def _send_one(
