@@ -348,7 +348,11 @@ class Producer(QueueHandle, anyio.AsyncContextManagerMixin):
     def _direct(self) -> Sender | None:
         """The lane's sender for a lone call in its caller's task: the held
         connection, where it carries the call (see ``_store/coalesce.py``)."""
-        if self._held is None or self._parts.partitioned or self._replication:
+        if (
+            self._held is None
+            or self._parts.partitioned
+            or self._replication is not None
+        ):
             return None
         return self._send_held
 

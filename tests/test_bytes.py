@@ -63,16 +63,17 @@ def nested(depth: int) -> Any:
 
 #: (stored envelope, reason prefix, fragment of the reason)
 CORRUPT = {
-    # Invalid UTF-8 used to escape as UnicodeDecodeError and kill the consumer.
+    # Invalid UTF-8 used to escape as UnicodeDecodeError and kill the consumer
+    # (msgspec 0.23 raises its own DecodeError: either way the reason names it).
     "bad utf-8 in the task type": (
         envelope(type_=b"\xa2\xc3\x28"),
         "CorruptEnvelope: ",
-        "UnicodeDecodeError",
+        "utf-8",
     ),
     "bad utf-8 in a payload string": (
         envelope(payload=b"\xa2\xc3\x28"),
         "InvalidPayload: ",
-        "UnicodeDecodeError",
+        "utf-8",
     ),
     # RecursionError, the same (deeper than the decoder goes on any Python:
     # about 1,000 levels on 3.11, 1,500 on 3.12, 10,000 on 3.13).
@@ -169,7 +170,7 @@ async def test_corrupt_envelope_is_dead_lettered_and_the_consumer_goes_on(
     letters = {letter.id: letter for letter in await dead_letters(redis_client)}
     reason = letters[bad].reason
     assert reason.startswith(prefix), reason
-    assert fragment in reason, reason
+    assert fragment.lower() in reason.lower(), reason
     assert letters[bad].attempts == 1  # never retried
     with pytest.raises(aiogroupq.TaskFailedError, match=prefix):
         await producer.result(bad, timeout=0)

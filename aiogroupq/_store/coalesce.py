@@ -6,9 +6,10 @@ lane busy until the call is answered even if its caller is cancelled (a
 request on the wire may still run, and nothing may overtake it); or, where
 the producer's sender keeps that order itself (its held connection reads a
 cancelled call's reply before the next one's, ``held.py``), in the
-caller's task, which saves the task and two of the event loop's turns. Calls made while one is in
-flight queue up, in call order, and go together as one script call (as
-many as fit in :data:`~aiogroupq._limits.MAX_BATCH` tasks and the producer's
+caller's task, which saves the task and two of the event loop's turns.
+Calls made while one is in flight queue up, in call order, and go
+together as one script call (as many as fit in
+:data:`~aiogroupq._limits.MAX_BATCH` tasks and the producer's
 ``max_batch_bytes``; the rest in the next) once the wire is free: 100
 concurrent enqueues cost a few round trips, not 100. At most one call is in
 flight, so calls reach Redis in the order they were made, and tasks of one

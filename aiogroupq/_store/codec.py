@@ -2,7 +2,7 @@
 
 Decoding reads bytes that anything with access to Redis may have written, so
 callers treat *any* exception from a decoder as "these bytes are unusable"
-(msgspec raises ``UnicodeDecodeError`` for invalid UTF-8 and
+(msgspec before 0.23 raises ``UnicodeDecodeError`` for invalid UTF-8, and
 ``RecursionError`` for deep nesting, not only its own errors):
 :func:`describe_decode_error` turns each into a one-line reason.
 """
