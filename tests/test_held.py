@@ -331,3 +331,26 @@ async def test_a_partitioned_send_reads_what_the_held_connection_owes_first(
         assert not _owes(held)
         assert await producer.status(task_id) == aiogroupq.TaskState.QUEUED
     assert await redis_client.get("held:owed") == b"1"
+
+
+async def test_a_settle_whose_connection_is_lost_opens_no_new_one(
+    held: HeldConnection, redis_client: redis.asyncio.Redis
+) -> None:
+    # What was owed went with the connection: nothing is left to read, and
+    # a new connection would be made (or refused, for the whole budget)
+    # for nothing.
+    own_id = await held.call(pack(["CLIENT", "ID"]))
+    await redis_client.client_pause(PATIENCE * 1000, all=False)
+    try:
+        with anyio.move_on_after(0.05) as scope:
+            await held.call(pack(["INCR", "held:settle"]))
+        assert scope.cancelled_caught
+        assert _owes(held)
+        assert await redis_client.client_kill_filter(_id=own_id) == 1
+    finally:
+        await redis_client.client_unpause()
+    with anyio.fail_after(PATIENCE):
+        await held.settle()
+    assert not _owes(held)
+    connection: Any = held._connection
+    assert not connection.is_connected

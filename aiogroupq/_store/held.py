@@ -136,6 +136,8 @@ class HeldConnection:
             # reached the server, so a new connection first, whose refusal
             # says for certain that nothing was sent.
             await self._drop()
+        if not packed and not self._owed:
+            return None  # a settle with nothing left to read (it was dropped)
         if not connection.is_connected:
             self._owed = 0
             try:
@@ -159,7 +161,7 @@ class HeldConnection:
         except BaseException as exc:
             # Cut mid-reply (a timeout, a lost socket): whatever the socket
             # still holds belongs to no later call.
-            await self._drop(nowait=True)
+            await self._drop()
             # Raised as redis-py raises them, for the retry policy.
             where = connection._host_error()
             if isinstance(exc, TimeoutError):
@@ -180,9 +182,12 @@ class HeldConnection:
         async with asyncio.timeout(self._timeout):
             return await parser.read_response()
 
-    async def _drop(self, *, nowait: bool = False) -> None:
+    async def _drop(self) -> None:
+        # Without waiting for the close: a peer that stopped answering (TLS
+        # waits for its close_notify) must not hold a failing call past its
+        # budget, and what the socket still holds is of no use to anyone.
         self._owed = 0
-        await self._connection.disconnect(nowait=nowait)
+        await self._connection.disconnect(nowait=True)
 
     async def _failed(self, error: BaseException) -> None:
         # As redis-py's client does before re-sending: a new connection
@@ -191,5 +196,12 @@ class HeldConnection:
         await self._drop()
 
     async def aclose(self) -> None:
-        """Close the connection (a later call opens it again)."""
-        await self._drop()
+        """Read what cancelled calls are still owed (within the client's
+        budget: as the lane's exit waits for a call on the wire), then close
+        the connection (a later call opens it again)."""
+        try:
+            await self.settle()
+        except Exception:  # noqa: BLE001 - not answering: closed at once
+            await self._drop()
+            return
+        await self._connection.disconnect()
