@@ -242,3 +242,15 @@ async def test_a_counter_that_is_not_an_integer_fails_no_script(
     }
     problems = (await _fsck.examine(redis_client, KEYS)).problems
     assert {p.kind for p in problems} == {problem_kinds.BAD_COUNT}
+
+
+async def test_a_counter_at_its_limit_fails_no_script(
+    redis_client: redis.asyncio.Redis,
+) -> None:
+    """A counter one step from overflow: the server refuses the increment
+    (worded as it likes); the call goes through and the counter stays."""
+    top = str(2**63 - 1)
+    await redis_client.hset(KEYS.stats, "enqueued", top)
+    assert await enqueue(redis_client, new("a1", "g"), new("u1")) == ["a1", "u1"]
+    assert await enqueue(redis_client, new("u2")) == ["u2"]
+    assert (await hash_of(redis_client, KEYS.stats))["enqueued"] == top

@@ -175,11 +175,16 @@ local flush_groups, flush_seq
 
 -- HINCRBY that leaves a field holding something else than an integer as it
 -- is (damage the check reports) instead of failing the script after its
--- writes, which stay (no rollback). Returns the new value, or nil.
+-- writes, which stay (no rollback). Returns the new value, or nil. The field
+-- is read to tell damage from any other refusal (an ACL's), whose wording
+-- differs between servers and versions.
 local function incr(key, field, n)
   local reply = redis.pcall('HINCRBY', key, field, n)
   if type(reply) == 'table' and reply.err then
-    if string.find(reply.err, 'not an integer', 1, true) then return nil end
+    local v = redis.pcall('HGET', key, field)
+    if type(v) == 'string' and not (string.match(v, '^-?%d+$') and math.abs(tonumber(v)) < 9e18) then
+      return nil
+    end
     error(reply)
   end
   return reply
