@@ -61,6 +61,7 @@ async def _every_script(client: redis.asyncio.Redis) -> None:
     ):
         ids = [await producer.enqueue("t", group="g") for _ in range(3)]
         late = await producer.enqueue("t", delay=3600)
+        await producer.enqueue("t")  # a lone plain task: enqueue_one.lua
         await producer.status_many(ids)
         await _scripts.wait_done(client, QB, ids[0], 0, 1)
         await producer.cancel(late)

@@ -77,7 +77,9 @@ async def test_a_reply_that_never_comes_is_an_unknown_outcome_and_the_tasks_land
     direct = redis.asyncio.Redis.from_url(server.url)
     try:
         async with aiogroupq.Producer(url, queue=QUEUE) as producer:
-            await producer.enqueue("t", "warm")  # a pooled connection
+            await producer.enqueue(
+                "t", "warm", group="w"
+            )  # a pooled connection, the script loaded
             # Nothing forwarded for 2.5 budgets: the script reaches the server
             # when the pause ends, the producer has given up by then.
             proxy.pause(BUDGET * 2.5)
@@ -112,7 +114,7 @@ async def test_a_script_held_past_the_budget_is_an_unknown_outcome_all_or_none(
     direct = redis.asyncio.Redis.from_url(server.url)
     try:
         async with aiogroupq.Producer(server.url, queue=QUEUE) as producer:
-            await producer.enqueue("t", "warm")
+            await producer.enqueue("t", "warm", group="w")  # the batch's script loaded
             # CLIENT PAUSE WRITE holds the enqueue script unrun (Redis 7.0 and
             # Valkey 8 alike) until after the producer gave up.
             await direct.client_pause(int(BUDGET * 2500), all=False)
@@ -138,7 +140,7 @@ async def test_refused_before_sending_is_unavailable_with_nothing_written(
     server: ServerProcess,
 ) -> None:
     async with aiogroupq.Producer(server.url, queue=QUEUE) as producer:
-        await producer.enqueue("t", "warm")
+        await producer.enqueue("t", "warm", group="w")  # the batch's script loaded
         server.stop()
         # The pooled connection, closed by the server, goes with a first call
         # (redis-py 8 no longer checks a pooled connection for a pending EOF
@@ -168,7 +170,7 @@ async def test_a_reply_cut_midway_is_resent_and_writes_each_task_once(
     direct = redis.asyncio.Redis.from_url(server.url)
     try:
         async with aiogroupq.Producer(url, queue=QUEUE) as producer:
-            await producer.enqueue("t", "warm")
+            await producer.enqueue("t", "warm", group="w")  # the batch's script loaded
             proxy.cut_next_reply()
             ids = await producer.enqueue_many(_batch(9))
             assert proxy.cuts == 1

@@ -168,17 +168,13 @@ end
 -- Only the fixed keys this batch writes are probed (a single ungrouped task
 -- due now writes ready, stats and wake): a probe is a command per call.
 if any_new then
-  local keys = { K_READY, 'list', K_WAKE, 'list', K_STATS, 'hash' }
+  local more = {}
   if next(adds) then
-    keys[#keys + 1] = K_BACKLOG; keys[#keys + 1] = 'zset'
-    keys[#keys + 1] = K_WAITING; keys[#keys + 1] = 'zset'
+    more[#more + 1] = K_BACKLOG; more[#more + 1] = 'zset'
+    more[#more + 1] = K_WAITING; more[#more + 1] = 'zset'
   end
-  if any_delayed then keys[#keys + 1] = K_DELAYED; keys[#keys + 1] = 'zset' end
-  if conf().prio then
-    keys[#keys + 1] = K_PREADY; keys[#keys + 1] = 'zset'
-    keys[#keys + 1] = K_PSEQ; keys[#keys + 1] = 'string'
-  end
-  bad = preflight(keys)
+  if any_delayed then more[#more + 1] = K_DELAYED; more[#more + 1] = 'zset' end
+  bad = preflight(runnable_keys(more))
   if bad then return bad end
 end
 -- A group that may queue tasks in its line: is the line's key usable?

@@ -95,17 +95,25 @@ local function ready_len()
   return n
 end
 
+-- (key, type) pairs for preflight: the keys making a task runnable writes
+-- (the ready list, or pready and its sequence once priorities are in use;
+-- the wake tokens; the counters), then *more*.
+local function runnable_keys(more)
+  local keys = { K_READY, 'list', K_WAKE, 'list', K_STATS, 'hash' }
+  if conf().prio then
+    keys[#keys + 1] = K_PREADY; keys[#keys + 1] = 'zset'
+    keys[#keys + 1] = K_PSEQ; keys[#keys + 1] = 'string'
+  end
+  for _, v in ipairs(more or {}) do keys[#keys + 1] = v end
+  return keys
+end
+
 -- Check the fixed keys a script that moves runnable tasks writes, plus
 -- *more* (key, type pairs): nil if all are usable, else the error reply.
 local function check_fixed(more)
   local bad = read_conf()
   if bad then return bad end
-  local keys = { K_READY, 'list', K_WAKE, 'list', K_STATS, 'hash',
-    K_BACKLOG, 'zset', K_WAITING, 'zset' }
-  if conf().prio then
-    keys[#keys + 1] = K_PREADY; keys[#keys + 1] = 'zset'
-    keys[#keys + 1] = K_PSEQ; keys[#keys + 1] = 'string'
-  end
+  local keys = runnable_keys({ K_BACKLOG, 'zset', K_WAITING, 'zset' })
   for _, v in ipairs(more or {}) do keys[#keys + 1] = v end
   return preflight(keys)
 end
