@@ -10,6 +10,7 @@ of their own.
 from __future__ import annotations
 
 import asyncio
+import enum
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -82,6 +83,14 @@ async def _commandstat(client: redis.asyncio.Redis, name: str) -> int:
     return int(stats.get(f"cmdstat_{name}", {}).get("calls", 0))
 
 
+class _Text(str):
+    pass
+
+
+class _Bytes(bytes):
+    pass
+
+
 _ARGS: list[tuple[str, list[EncodableT]]] = [
     ("mixed", ["EVALSHA", b"ab\x00\xff", 3, "k", -7, 0]),
     ("empty bytes and text", ["SET", b"", ""]),
@@ -90,6 +99,7 @@ _ARGS: list[tuple[str, list[EncodableT]]] = [
     ("large text", ["SET", "k", "é" * 40_000]),
     ("negative and huge ints", ["X", -1, -(2**63), 2**64, 10**30]),
     ("one argument", ["PING"]),
+    ("subclasses of str and bytes", ["SET", _Text("k"), _Bytes(b"v\x00")]),
 ]
 
 
@@ -97,6 +107,13 @@ _ARGS: list[tuple[str, list[EncodableT]]] = [
 def test_pack_is_redis_pys_packing_byte_for_byte(args: Sequence[EncodableT]) -> None:
     theirs = b"".join(bytes(chunk) for chunk in Connection().pack_command(*args))
     assert pack(args) == theirs
+
+
+def test_pack_sends_an_int_subclass_as_its_number() -> None:
+    class Level(enum.IntEnum):
+        HIGH = 7
+
+    assert pack(["X", Level.HIGH]) == pack(["X", 7])
 
 
 @pytest.mark.parametrize("bad", [1.5, True, False, None])
@@ -258,7 +275,9 @@ async def test_a_cancelled_enqueue_keeps_its_place_before_the_next(
     # request, and the group would hold the second task alone.)
     async with aiogroupq.Producer(redis_url, queue=QUEUE) as producer:
         held = _held_of(producer)
-        await producer.enqueue("t", "warm")
+        # Grouped, as the calls below: the script they run is cached, so
+        # each is one EVALSHA that the pause holds.
+        await producer.enqueue("t", "warm", group="w")
         own_id = await held.call(pack(["CLIENT", "ID"]))
         await redis_client.client_pause(PATIENCE * 1000, all=False)
         try:
@@ -293,7 +312,9 @@ async def test_a_budget_spent_waiting_for_a_reply_closes_the_connection(
     # to the next call (it may never come), the connection is made again.
     async with aiogroupq.Producer(redis_url, queue=QUEUE) as producer:
         held = _held_of(producer)
-        await producer.enqueue("t", "warm")
+        # Grouped, as the calls below: the script they run is cached, so
+        # each is one EVALSHA that the pause holds.
+        await producer.enqueue("t", "warm", group="w")
         own_id = await held.call(pack(["CLIENT", "ID"]))
         await redis_client.client_pause(PATIENCE * 1000, all=False)
         try:

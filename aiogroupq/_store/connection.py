@@ -99,38 +99,63 @@ class BoundedRetry(Retry):
         self,
         do: Callable[[], Awaitable[T]],
         fail: Callable[..., Any],
-        *args: Any,
-        **kwargs: Any,
+        is_retryable: Callable[[Exception], bool] | None = None,
+        with_failure_count: bool = False,
     ) -> T:
-        async def failed(error: Exception, *more: Any) -> None:
-            cleanup = fail(error, *more)  # closes the connection: keep that
-            if inspect.isawaitable(cleanup):
-                await cleanup
-            if isinstance(error, NOT_TRANSIENT):
-                raise error
-            _failures.note_failure(error)
-
-        async def attempt() -> T:
-            # redis-py < 5.1 connects inside this retry but lets the socket's
-            # own OSError (a refused connection) out of it unretried.
-            try:
-                return await do()
-            except TimeoutError as exc:
-                raise rexc.TimeoutError(str(exc)) from exc
-            except OSError as exc:
-                raise rexc.ConnectionError(str(exc) or type(exc).__name__) from exc
-
-        # asyncio's own timeout, not an anyio scope: this runs twice per
-        # command (redis-py 8 sends every command's connect through it too),
-        # and an anyio scope cost a producer's enqueue about a tenth of its CPU.
+        # redis-py's loop, written out here (its *is_retryable* and
+        # *with_failure_count* came in 6.x): every command goes through it,
+        # twice in redis-py 8 (its connect too), and its layers (two
+        # closures, two more awaits) cost a lone enqueue more than its own.
+        # asyncio's own timeout, not an anyio scope: an anyio scope cost a
+        # producer's enqueue about a tenth of its CPU.
         _failures.forget_failures()
+        self._backoff.reset()  # type: ignore[no-untyped-call]
+        failures = 0
         try:
             async with asyncio.timeout(self.budget) as budget:
-                return await super().call_with_retry(attempt, failed, *args, **kwargs)
+                while True:
+                    try:
+                        return await do()
+                    except self._supported_errors + _TRANSLATED as caught:
+                        error = _as_redis_error(caught)
+                    if is_retryable is not None and not is_retryable(error):
+                        raise error
+                    failures += 1
+                    cleanup = (
+                        fail(error, failures) if with_failure_count else fail(error)
+                    )
+                    if inspect.isawaitable(cleanup):  # closes the connection: keep that
+                        await cleanup
+                    if isinstance(error, NOT_TRANSIENT):
+                        raise error
+                    _failures.note_failure(error)
+                    if 0 <= self._retries < failures:
+                        raise error
+                    if (backoff := self._backoff.compute(failures)) > 0:
+                        await asyncio.sleep(backoff)
         except TimeoutError:
             if not budget.expired():
                 raise
         raise _failures.BudgetSpent(_failures.gave_up(self.where, self.budget))
+
+
+#: what the socket itself raises, which redis-py's older connects let out
+#: of its retry unretried (< 5.1: a refused connection's OSError)
+_TRANSLATED: Final = (TimeoutError, OSError)
+
+
+def _as_redis_error(error: Exception) -> Exception:
+    """*error* as redis-py raises it: the socket's own as its redis-py kind."""
+    if isinstance(error, rexc.RedisError):
+        return error
+    if isinstance(error, TimeoutError):
+        translated: Exception = rexc.TimeoutError(str(error))
+    elif isinstance(error, OSError):
+        translated = rexc.ConnectionError(str(error) or type(error).__name__)
+    else:
+        return error
+    translated.__cause__ = error
+    return translated
 
 
 def connection_kwargs(client: Client) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import socket
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Final, ParamSpec, TypeVar
+from typing import Final, Literal, ParamSpec, TypeVar
 
 import redis.exceptions as rexc
 from redis.asyncio.sentinel import MasterNotFoundError
@@ -193,10 +193,7 @@ class _Outgoing:
 _OUTGOING: ContextVar[_Outgoing | None] = ContextVar("aiogroupq_outgoing", default=None)
 
 
-@contextmanager
-def outcome_of(
-    task_ids: Sequence[str], *, certain: Callable[[], bool]
-) -> Iterator[None]:
+def outcome_of(task_ids: Sequence[str], *, certain: Callable[[], bool]) -> _OutcomeOf:
     """Around an enqueue, whose re-sends are idempotent (a task whose id
     exists is left as it is): a failure after which its tasks may have been
     written is raised as :class:`~aiogroupq.OutcomeUnknownError`, never as a
@@ -217,30 +214,44 @@ def outcome_of(
         partitioned queue, sent at once, of which some may have answered)
         every failure is an unknown outcome
     """
-    outgoing = _Outgoing()
-    token = _OUTGOING.set(outgoing)
-    try:
-        yield
-    except Exception as exc:
-        if not _transport_failure(exc):
-            raise
+    return _OutcomeOf(task_ids, certain)
+
+
+class _OutcomeOf:
+    """:func:`outcome_of`'s context manager (a class: it is around every
+    enqueue, where a generator's cost more)."""
+
+    __slots__ = ("_certain", "_outgoing", "_task_ids", "_token")
+
+    def __init__(self, task_ids: Sequence[str], certain: Callable[[], bool]) -> None:
+        self._task_ids = task_ids
+        self._certain = certain
+        self._outgoing = _Outgoing()
+
+    def __enter__(self) -> None:
+        self._token = _OUTGOING.set(self._outgoing)
+
+    def __exit__(
+        self, kind: object, exc: BaseException | None, traceback: object
+    ) -> Literal[False]:
+        _OUTGOING.reset(self._token)
+        if not isinstance(exc, Exception) or not _transport_failure(exc):
+            return False
         detail = _detail(exc)
         never_sent = (
-            not outgoing.reached
-            and certain()
+            not self._outgoing.reached
+            and self._certain()
             and (
                 refused_connect(exc)
                 or busy(exc)  # the server's answer to this very request
-                or (_budget_spent(exc) and outgoing.failures > 0)
+                or (_budget_spent(exc) and self._outgoing.failures > 0)
             )
         )
         if never_sent and busy(exc):
             raise RedisUnavailableError(detail) from exc
         if never_sent:
-            raise
-        raise OutcomeUnknownError(list(task_ids), detail) from exc
-    finally:
-        _OUTGOING.reset(token)
+            return False
+        raise OutcomeUnknownError(list(self._task_ids), detail) from exc
 
 
 def busy(exc: BaseException) -> bool:
@@ -327,7 +338,13 @@ def unavailable_as_error(
 
     @functools.wraps(method)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
-        with translated_errors():
+        # translated_errors() written out: around every call of the public
+        # API, a generator's context manager cost more than this.
+        try:
             return await method(*args, **kwargs)
+        except Exception as exc:
+            if (ours := as_aiogroupq_error(exc)) is None:
+                raise
+            raise ours from exc
 
     return wrapper
