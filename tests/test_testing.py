@@ -264,14 +264,18 @@ async def test_drain_leaves_delayed_tasks_unless_asked(
 
     async with aiogroupq.Producer(redis_client, queue=QUEUE) as producer:
         now = await producer.enqueue("work", 1)
-        later = await producer.enqueue("work", 2, delay=0.3)
+        # Due long after any drain, however slow the machine.
+        later = await producer.enqueue("work", 2, delay=3600)
         outcomes = await drain(redis_client, queue=QUEUE, handlers={"work": work})
         assert [o.id for o in outcomes] == [now]
         assert await producer.status(later) == aiogroupq.TaskState.DELAYED
+        assert await producer.cancel(later)
+        # Waited for, whether it is due by the time the drain begins or not.
+        soon = await producer.enqueue("work", 3, delay=0.3)
         outcomes = await drain(
             redis_client, queue=QUEUE, handlers={"work": work}, wait_delayed=True
         )
-        assert [(o.id, o.result) for o in outcomes] == [(later, 2)]
+        assert [(o.id, o.result) for o in outcomes] == [(soon, 3)]
 
 
 async def test_drain_does_not_wait_for_a_halted_group(

@@ -527,6 +527,12 @@ class Fetcher:
             # a task due within a tick past the cap gets the timer too.
             due = 0 <= reply.wait_ms < (block_cap + _SERVER_TICK) * 1000
             wait = (reply.wait_ms / 1000 if due else block_cap, due)
+            if heads:
+                # Nothing more to claim now: the workers start what was
+                # handed out before the wait for work is written, whose
+                # sending would otherwise come first (an idle pickup's
+                # handler started about 0.3 ms after the claim's reply).
+                await asyncio.sleep(0)
         if self.retired and reconcile is not None and not ctx.slots.closed:
             # Leaving the partition: what a lost reply claimed goes back now,
             # not when its lease ends (stopping, the release gives it back).
