@@ -91,6 +91,10 @@ class _Bytes(bytes):
     pass
 
 
+class _Color(str, enum.Enum):  # noqa: UP042 - a StrEnum would str() as its value
+    RED = "red"  # str() says "_Color.RED"; Redis must get "red"
+
+
 _ARGS: list[tuple[str, list[EncodableT]]] = [
     ("mixed", ["EVALSHA", b"ab\x00\xff", 3, "k", -7, 0]),
     ("empty bytes and text", ["SET", b"", ""]),
@@ -100,6 +104,7 @@ _ARGS: list[tuple[str, list[EncodableT]]] = [
     ("negative and huge ints", ["X", -1, -(2**63), 2**64, 10**30]),
     ("one argument", ["PING"]),
     ("subclasses of str and bytes", ["SET", _Text("k"), _Bytes(b"v\x00")]),
+    ("a str enum", ["SET", "k", _Color.RED]),
 ]
 
 

@@ -244,6 +244,20 @@ async def test_a_counter_that_is_not_an_integer_fails_no_script(
     assert {p.kind for p in problems} == {problem_kinds.BAD_COUNT}
 
 
+@pytest.mark.parametrize("junk", ["01", "-0", " 1", "+1", "1.5"])
+async def test_a_counter_the_server_does_not_read_as_an_integer_is_reported(
+    redis_client: redis.asyncio.Redis, junk: str
+) -> None:
+    """Python's int() takes some of these: the check must not, as the
+    server refuses to increment any of them (and the call goes through)."""
+    await redis_client.hset(KEYS.stats, "enqueued", junk)
+    assert await enqueue(redis_client, new("u1")) == ["u1"]
+    assert await enqueue(redis_client, new("a1", "g"), new("u2")) == ["a1", "u2"]
+    assert (await hash_of(redis_client, KEYS.stats))["enqueued"] == junk
+    problems = (await _fsck.examine(redis_client, KEYS)).problems
+    assert {p.kind for p in problems} == {problem_kinds.BAD_COUNT}
+
+
 async def test_a_counter_at_its_limit_fails_no_script(
     redis_client: redis.asyncio.Redis,
 ) -> None:

@@ -101,6 +101,7 @@ _TASKS = [
     new("u4", expire_at_ms=4_102_444_800_000),
     new("u1"),  # re-sent: left as it is
     new("u5", priority=0),
+    new("u6", max_attempts=10**17),  # stored as sent, not as a double's text
 ]
 
 _SCENES: list[tuple[str, Setup]] = [

@@ -159,16 +159,12 @@ def _stage_of(problem: _problems.Problem) -> str | None:
     return None
 
 
-def _is_int(value: str | None) -> bool:
-    return value is not None and value.lstrip("-").isdigit()
-
-
 def _order(snap: _snapshot.Snapshot, task_id: str) -> tuple[int, str]:
     """Where a task belongs in its group's line: by the time it became
     runnable (server ms), then by id (ids are time-ordered)."""
     task = snap.tasks.get(task_id)
     due = task.due if task is not None else None
-    return (int(due) if due is not None and _is_int(due) else 0, task_id)
+    return (int(due) if due is not None and _snapshot._is_int(due) else 0, task_id)
 
 
 def _pivots(
@@ -207,7 +203,11 @@ def _pivots(
 
 def _started(snap: _snapshot.Snapshot, task_id: str) -> bool:
     task = snap.tasks.get(task_id)
-    return task is not None and _is_int(task.attempt) and int(task.attempt or 0) > 0
+    return (
+        task is not None
+        and _snapshot._is_int(task.attempt)
+        and int(task.attempt or 0) > 0
+    )
 
 
 def _places(snap: _snapshot.Snapshot) -> dict[str, list[str]]:
@@ -261,7 +261,7 @@ def _plan_keys(
 def _highest_token(snap: _snapshot.Snapshot) -> int:
     """The highest fencing token a task of *snap* holds."""
     return max(
-        (int(t.token or 0) for t in snap.tasks.values() if _is_int(t.token)),
+        (int(t.token or 0) for t in snap.tasks.values() if _snapshot._is_int(t.token)),
         default=0,
     )
 
@@ -313,7 +313,7 @@ def _plan_flags(
     live = [t for t in snap.tasks.values() if t.state in _LIVE]
     flags = []
     if snap.pready or any(
-        _is_int(t.priority) and int(t.priority or 0) > 0 for t in live
+        _snapshot._is_int(t.priority) and int(t.priority or 0) > 0 for t in live
     ):
         flags.append("pu")
     if snap.gconf:
@@ -394,7 +394,8 @@ def _plan_groups(
             for t in tasks
             if t.state == "delayed"
             and (
-                not (_is_int(t.attempt) and int(t.attempt or 0) > 0) or t.id in slotless
+                not (_snapshot._is_int(t.attempt) and int(t.attempt or 0) > 0)
+                or t.id in slotless
             )
         )
         held = set(snap.held.get(group, []))
@@ -434,13 +435,13 @@ def _plan_counters(
             "groups": len(snap.groups),
         }
         for name, value in sorted(snap.stats.items()):
-            if name not in gauges and not _is_int(value):
+            if name not in gauges and not _snapshot._is_int(value):
                 steps.append(_Step(("stat", name, 0, value)))
         for name, want in gauges.items():
             have = snap.stats.get(name)
             if have is None and want == 0:
                 continue
-            if have is None or not _is_int(have) or int(have) != want:
+            if have is None or not _snapshot._is_int(have) or int(have) != want:
                 steps.append(_Step(("stat", name, want, have or "")))
     if _problems.BAD_FENCE in kinds:
         steps.append(_Step(("fence", _highest_token(snap))))

@@ -21,6 +21,7 @@ __all__ = (
     "read",
 )
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
@@ -549,11 +550,15 @@ def _judge_envelope(
         snap.bad_envelopes[task_id] = (False, problem)
 
 
+#: an integer as Redis reads one (HINCRBY, INCR): no sign but "-", no
+#: leading zero, no space; 64 bits (checked after)
+_REDIS_INT: Final = re.compile(r"-?(?:0|[1-9][0-9]{0,18})")
+
+
 def _is_int(value: str | None) -> bool:
-    if value is None:
+    """Whether the server takes *value* for an integer: a field the
+    scripts increment that it refuses is damage (Python's ``int()`` takes
+    "01", " 1" and "+1", the server none of them)."""
+    if value is None or value == "-0" or not _REDIS_INT.fullmatch(value):
         return False
-    try:
-        int(value)
-    except ValueError:
-        return False
-    return True
+    return -(2**63) <= int(value) < 2**63

@@ -36,7 +36,9 @@ bad = preflight(runnable_keys())
 if bad then return bad end
 
 local now = now_ms(true)
-local fields = { 'e', ARGV[3], 'm', attempts, 'a', 0, 's', 'queued', 'dt', now }
+-- m as sent, as enqueue.lua stores it (a Lua number would be stored as a
+-- double's text: 1e+17)
+local fields = { 'e', ARGV[3], 'm', ARGV[4], 'a', 0, 's', 'queued', 'dt', now }
 if ARGV[7] ~= '' then fields[#fields + 1] = 'i'; fields[#fields + 1] = ARGV[7] end
 local xp = expire_at > 0 and expire_at or (expires > 0 and now + expires) or nil
 if xp then fields[#fields + 1] = 'xp'; fields[#fields + 1] = xp end

@@ -146,14 +146,13 @@ _TRANSLATED: Final = (TimeoutError, OSError)
 
 def _as_redis_error(error: Exception) -> Exception:
     """*error* as redis-py raises it: the socket's own as its redis-py kind."""
-    if isinstance(error, rexc.RedisError):
-        return error
+    translated: Exception
     if isinstance(error, TimeoutError):
-        translated: Exception = rexc.TimeoutError(str(error))
+        translated = rexc.TimeoutError(str(error))
     elif isinstance(error, OSError):
         translated = rexc.ConnectionError(str(error) or type(error).__name__)
     else:
-        return error
+        return error  # redis-py's own
     translated.__cause__ = error
     return translated
 

@@ -17,7 +17,6 @@ import functools
 import os
 import socket
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Final, Literal, ParamSpec, TypeVar
 
@@ -317,15 +316,29 @@ NOT_A_CLUSTER_CLIENT: Final = (
 )
 
 
-@contextmanager
-def translated_errors() -> Iterator[None]:
+class _Translated:
+    """:func:`translated_errors`'s context manager: stateless, one for all
+    (around every call of the public API, where a generator's cost more)."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: object, exc: BaseException | None, traceback: object
+    ) -> Literal[False]:
+        if isinstance(exc, Exception) and (ours := as_aiogroupq_error(exc)) is not None:
+            raise ours from exc
+        return False
+
+
+_TRANSLATED: Final = _Translated()
+
+
+def translated_errors() -> _Translated:
     """Raise what a Redis failure stands for (see :func:`as_aiogroupq_error`)."""
-    try:
-        yield
-    except Exception as exc:
-        if (ours := as_aiogroupq_error(exc)) is None:
-            raise
-        raise ours from exc
+    return _TRANSLATED
 
 
 def unavailable_as_error(
@@ -338,13 +351,7 @@ def unavailable_as_error(
 
     @functools.wraps(method)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
-        # translated_errors() written out: around every call of the public
-        # API, a generator's context manager cost more than this.
-        try:
+        with _TRANSLATED:
             return await method(*args, **kwargs)
-        except Exception as exc:
-            if (ours := as_aiogroupq_error(exc)) is None:
-                raise
-            raise ours from exc
 
     return wrapper

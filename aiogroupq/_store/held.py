@@ -68,13 +68,14 @@ def pack(args: Sequence[EncodableT]) -> bytes:
 
 
 def _value(arg: EncodableT) -> bytes:
-    # Subclasses (an IntEnum, a str subclass) as their base type is sent.
+    # A subclass (an IntEnum, a str Enum) as its base type's value: its own
+    # __str__ may say something else.
     if isinstance(arg, bytes):
-        return bytes(arg)
+        return arg
     if isinstance(arg, str):
-        return str(arg).encode()
+        return str.encode(arg)
     if isinstance(arg, int) and not isinstance(arg, bool):
-        return b"%d" % int(arg)
+        return b"%d" % int.__index__(arg)
     raise TypeError(f"cannot send {type(arg).__name__} {arg!r} to Redis")
 
 

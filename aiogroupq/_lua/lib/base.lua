@@ -173,18 +173,16 @@ end
 -- flush() before it returns. The libs that accumulate set these.
 local flush_groups, flush_seq
 
--- HINCRBY that leaves a field holding something else than an integer as it
--- is (damage the check reports) instead of failing the script after its
--- writes, which stay (no rollback). Returns the new value, or nil. The field
--- is read to tell damage from any other refusal (an ACL's), whose wording
--- differs between servers and versions.
+-- HINCRBY that leaves a field holding something else than an integer (or
+-- one at its limit) as it is (damage the check reports) instead of failing
+-- the script after its writes, which stay (no rollback). Returns the new
+-- value, or nil. What else refuses it is an ACL (its key is preflighted,
+-- and a script running is past the OOM check): asked, not told by the
+-- error's wording, which differs between servers and versions.
 local function incr(key, field, n)
   local reply = redis.pcall('HINCRBY', key, field, n)
   if type(reply) == 'table' and reply.err then
-    local v = redis.pcall('HGET', key, field)
-    if type(v) == 'string' and not (string.match(v, '^-?%d+$') and math.abs(tonumber(v)) < 9e18) then
-      return nil
-    end
+    if redis.acl_check_cmd('HINCRBY', key, field, tostring(n)) then return nil end
     error(reply)
   end
   return reply

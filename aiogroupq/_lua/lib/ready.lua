@@ -113,7 +113,7 @@ end
 local function check_fixed(more)
   local bad = read_conf()
   if bad then return bad end
-  local keys = runnable_keys({ K_BACKLOG, 'zset', K_WAITING, 'zset' })
+  local keys = { K_BACKLOG, 'zset', K_WAITING, 'zset' }
   for _, v in ipairs(more or {}) do keys[#keys + 1] = v end
-  return preflight(keys)
+  return preflight(runnable_keys(keys))
 end
