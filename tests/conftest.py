@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,15 +28,18 @@ import redis.asyncio
 from redis.asyncio.cluster import RedisCluster
 
 import aiogroupq
+from aiogroupq._store import connection as _connection
 from aiogroupq._store.connection import safe_url
 from aiogroupq.testing._cluster_server import ClusterProcess
 from aiogroupq.testing._server import (
     BINARY_ENV,
+    ServerProcess,
     ServerStartError,
     find_server_binary,
     server_version,
 )
 
+from ._budget import SHORT_BUDGET
 from ._spawn import Proc, Spawn
 
 if TYPE_CHECKING:
@@ -96,6 +99,21 @@ def redis_url(aiogroupq_redis_url: str) -> str:
 def redis_client(aiogroupq_redis: redis.asyncio.Redis) -> redis.asyncio.Redis:
     """A client on a freshly flushed database."""
     return aiogroupq_redis
+
+
+@pytest.fixture
+def short_budget(monkeypatch: pytest.MonkeyPatch) -> float:
+    """Clients made from a URL after this spend :data:`SHORT_BUDGET` on a
+    call (they read it when they are made): a refused or silent server
+    fails a call in about a second, not five."""
+    monkeypatch.setattr(_connection, "CALL_BUDGET", SHORT_BUDGET)
+    return SHORT_BUDGET
+
+
+@pytest.fixture
+def server(aiogroupq_server_factory: Callable[..., ServerProcess]) -> ServerProcess:
+    """A server of the test's own, to stop, pause or cut off."""
+    return aiogroupq_server_factory()
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from aiogroupq import (
     Task,
 )
 from aiogroupq._store import routing
-from aiogroupq._store.coalesce import Coalescer, Refusal, SendElsewhere
+from aiogroupq._store.coalesce import Coalescer, Refusal, SendElsewhere, Sender
 from aiogroupq._store.keys import QueueKeys
 from aiogroupq._store.replies import GroupFullRefusal
 from aiogroupq._store.scripts import NewTask
@@ -46,6 +46,17 @@ async def _all(calls: Sequence[Any]) -> list[Any]:
     return list(await asyncio.gather(*calls, return_exceptions=True))
 
 
+def _never_refused(refusal: Refusal, news: Sequence[NewTask]) -> BaseException:
+    raise AssertionError(refusal)
+
+
+def _lane(send: Sender, direct: Sender | None = None) -> Coalescer:
+    """A lane whose calls are never refused (a refusal fails the test)."""
+    return Coalescer(
+        send, _never_refused, max_tasks=1000, max_bytes=10**6, direct=lambda: direct
+    )
+
+
 async def test_concurrent_enqueues_share_script_calls(
     redis_client: redis.asyncio.Redis,
 ) -> None:
@@ -67,6 +78,7 @@ async def test_sequential_enqueues_go_one_by_one(
     redis_client: redis.asyncio.Redis,
 ) -> None:
     async with Producer(redis_client, queue=QUEUE) as p:
+        await p.enqueue("warm")  # its script cached: one call each from here
         before = await _evalsha_calls(redis_client)
         for i in range(20):
             await p.enqueue("t", i)
@@ -186,10 +198,7 @@ async def test_whole_call_failure_gives_each_caller_its_ids() -> None:
             return [n.id for n in news]
         raise OutcomeUnknownError([n.id for n in news], "cut")
 
-    def public(refusal: Refusal, news: Sequence[NewTask]) -> BaseException:
-        raise AssertionError(refusal)
-
-    lane = Coalescer(send, public, max_tasks=1000, max_bytes=10**6)
+    lane = _lane(send)
     first = asyncio.ensure_future(lane.submit([_new("a")]))
     await asyncio.sleep(0)
     rest = [asyncio.ensure_future(lane.submit([_new(x)])) for x in "bcd"]
@@ -256,10 +265,7 @@ async def test_calls_queued_behind_an_unanswered_call_fail_at_once() -> None:
         await gate.wait()
         raise OutcomeUnknownError([n.id for n in news], "no reply")
 
-    def public(refusal: Refusal, news: Sequence[NewTask]) -> BaseException:
-        raise AssertionError(refusal)
-
-    lane = Coalescer(send, public, max_tasks=1000, max_bytes=10**6)
+    lane = _lane(send)
     first = asyncio.ensure_future(lane.submit([_new("a")]))
     await asyncio.sleep(0)
     rest = [asyncio.ensure_future(lane.submit([_new(x)])) for x in "bc"]
@@ -284,10 +290,7 @@ async def test_a_cancelled_caller_keeps_the_lane_until_its_call_ends() -> None:
         log.append(f"end {news[0].id}")
         return [n.id for n in news]
 
-    def public(refusal: Refusal, news: Sequence[NewTask]) -> BaseException:
-        raise AssertionError(refusal)
-
-    lane = Coalescer(send, public, max_tasks=1000, max_bytes=10**6)
+    lane = _lane(send)
     first = asyncio.ensure_future(lane.submit([_new("a")]))
     await asyncio.sleep(0)
     first.cancel()
@@ -317,12 +320,7 @@ async def test_a_lone_call_runs_in_its_callers_task_on_a_direct_sender() -> None
         where.append("lane")
         return [n.id for n in news]
 
-    def public(refusal: Refusal, news: Sequence[NewTask]) -> BaseException:
-        raise AssertionError(refusal)
-
-    lane = Coalescer(
-        send, public, max_tasks=1000, max_bytes=10**6, direct=lambda: direct
-    )
+    lane = _lane(send, direct)
     first = asyncio.ensure_future(lane.submit([_new("a")]))
     await asyncio.sleep(0)
     second = asyncio.ensure_future(lane.submit([_new("b")]))
@@ -344,12 +342,7 @@ async def test_a_direct_sender_that_cannot_send_hands_the_call_to_the_lane() -> 
         sent.extend(n.id for n in news)
         return [n.id for n in news]
 
-    def public(refusal: Refusal, news: Sequence[NewTask]) -> BaseException:
-        raise AssertionError(refusal)
-
-    lane = Coalescer(
-        send, public, max_tasks=1000, max_bytes=10**6, direct=lambda: direct
-    )
+    lane = _lane(send, direct)
     assert await lane.submit([_new("a")]) == ["a"]
     assert sent == ["a"]
     await lane.aclose()
@@ -368,12 +361,7 @@ async def test_a_cancelled_direct_call_frees_the_lane_for_the_next() -> None:
     async def send(news: Sequence[NewTask]) -> list[str]:
         return [n.id for n in news]
 
-    def public(refusal: Refusal, news: Sequence[NewTask]) -> BaseException:
-        raise AssertionError(refusal)
-
-    lane = Coalescer(
-        send, public, max_tasks=1000, max_bytes=10**6, direct=lambda: direct
-    )
+    lane = _lane(send, direct)
     first = asyncio.ensure_future(lane.submit([_new("a")]))
     await asyncio.sleep(0)
     first.cancel()

@@ -10,8 +10,9 @@ of their own.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -33,21 +34,9 @@ if TYPE_CHECKING:
 
 QUEUE = "held"
 KEYS = QueueKeys(QUEUE)
-BUDGET = 1.0
+pytestmark = pytest.mark.usefixtures("short_budget")
 #: a generous bound for a state to be reached on a busy machine
 PATIENCE = 30
-
-
-@pytest.fixture(autouse=True)
-def short_budget(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Clients made from a URL read it when they are made: a refused server
-    # fails a call in about a second, not five.
-    monkeypatch.setattr(_connection, "CALL_BUDGET", BUDGET)
-
-
-@pytest.fixture
-def server(aiogroupq_server_factory: Callable[..., ServerProcess]) -> ServerProcess:
-    return aiogroupq_server_factory()
 
 
 @pytest.fixture
@@ -61,6 +50,26 @@ async def held(redis_url: str) -> AsyncIterator[HeldConnection]:
     finally:
         await made.aclose()
         await client.aclose()
+
+
+@contextlib.asynccontextmanager
+async def _writes_paused(
+    producer: aiogroupq.Producer,
+    redis_client: redis.asyncio.Redis,
+    *,
+    group: str | None,
+) -> AsyncIterator[int]:
+    """Writes held by the server until the block ends (CLIENT PAUSE WRITE),
+    after a call of the kind the test makes (*group*), whose script is then
+    cached: each call is one EVALSHA that the pause holds. Yields the held
+    connection's client id, taken before the pause."""
+    await producer.enqueue("t", "warm", group=group)
+    own_id = int(await _held_of(producer).call(pack(["CLIENT", "ID"])))
+    await redis_client.client_pause(PATIENCE * 1000, all=False)
+    try:
+        yield own_id
+    finally:
+        await redis_client.client_unpause()
 
 
 def _owes(held: HeldConnection) -> bool:
@@ -280,12 +289,7 @@ async def test_a_cancelled_enqueue_keeps_its_place_before_the_next(
     # request, and the group would hold the second task alone.)
     async with aiogroupq.Producer(redis_url, queue=QUEUE) as producer:
         held = _held_of(producer)
-        # Grouped, as the calls below: the script they run is cached, so
-        # each is one EVALSHA that the pause holds.
-        await producer.enqueue("t", "warm", group="w")
-        own_id = await held.call(pack(["CLIENT", "ID"]))
-        await redis_client.client_pause(PATIENCE * 1000, all=False)
-        try:
+        async with _writes_paused(producer, redis_client, group="w") as own_id:
             first = asyncio.ensure_future(producer.enqueue("t", "1st", group="g"))
             with anyio.fail_after(PATIENCE):  # written, its reply awaited
                 while not held.owes:
@@ -295,8 +299,6 @@ async def test_a_cancelled_enqueue_keeps_its_place_before_the_next(
                 await first
             assert _owes(held)
             second = asyncio.ensure_future(producer.enqueue("t", "2nd", group="g"))
-        finally:
-            await redis_client.client_unpause()
         with anyio.fail_after(PATIENCE):
             second_id = await second
         assert not _owes(held)
@@ -317,17 +319,10 @@ async def test_a_budget_spent_waiting_for_a_reply_closes_the_connection(
     # to the next call (it may never come), the connection is made again.
     async with aiogroupq.Producer(redis_url, queue=QUEUE) as producer:
         held = _held_of(producer)
-        # Grouped, as the calls below: the script they run is cached, so
-        # each is one EVALSHA that the pause holds.
-        await producer.enqueue("t", "warm", group="w")
-        own_id = await held.call(pack(["CLIENT", "ID"]))
-        await redis_client.client_pause(PATIENCE * 1000, all=False)
-        try:
+        async with _writes_paused(producer, redis_client, group=None) as own_id:
             with pytest.raises(aiogroupq.OutcomeUnknownError):
                 await producer.enqueue("t", "unanswered")
             assert not _owes(held)
-        finally:
-            await redis_client.client_unpause()
         with anyio.fail_after(PATIENCE):
             task_id = await producer.enqueue("t", "after")
         assert await producer.status(task_id) == aiogroupq.TaskState.QUEUED

@@ -12,7 +12,7 @@ a call is lowered to 1 s so that each case takes seconds, not tens.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import anyio
@@ -22,9 +22,10 @@ import redis.exceptions
 
 import aiogroupq
 from aiogroupq import ConfigurationError
-from aiogroupq._store import connection as _connection, failures as _failures
+from aiogroupq._store import failures as _failures
 from aiogroupq._store.keys import QueueKeys
 
+from ._budget import SHORT_BUDGET
 from .chaos._proxy import ChaosProxy
 
 if TYPE_CHECKING:
@@ -32,18 +33,8 @@ if TYPE_CHECKING:
 
 QUEUE = "outcome"
 KEYS = QueueKeys(QUEUE)
-BUDGET = 1.0
-
-
-@pytest.fixture(autouse=True)
-def short_budget(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Clients made from a URL read it when they are made.
-    monkeypatch.setattr(_connection, "CALL_BUDGET", BUDGET)
-
-
-@pytest.fixture
-def server(aiogroupq_server_factory: Callable[..., ServerProcess]) -> ServerProcess:
-    return aiogroupq_server_factory()
+BUDGET = SHORT_BUDGET
+pytestmark = pytest.mark.usefixtures("short_budget")
 
 
 @pytest.fixture

@@ -679,7 +679,8 @@ async def test_the_documented_split_of_a_larger_batch(
     namespace: dict[str, Any] = {"producer": producer}
     exec(source, namespace)  # noqa: S102
     tasks = [Task("t", n, group=f"g{n % 3}") for n in range(2_500)]
-    await producer.enqueue("warm-up", None)  # scripts loaded, connection open
+    # Grouped, so that the batches' script is loaded; the connection is open.
+    await producer.enqueue("warm-up", None, group="w")
 
     before = await _command_calls(redis_client)
     ids = await namespace["split"](tasks)

@@ -117,7 +117,7 @@ class BoundedRetry(Retry):
                     try:
                         return await do()
                     except self._supported_errors + _TRANSLATED as caught:
-                        error = _as_redis_error(caught)
+                        error = as_redis_error(caught)
                     if is_retryable is not None and not is_retryable(error):
                         raise error
                     failures += 1
@@ -144,13 +144,19 @@ class BoundedRetry(Retry):
 _TRANSLATED: Final = (TimeoutError, OSError)
 
 
-def _as_redis_error(error: Exception) -> Exception:
-    """*error* as redis-py raises it: the socket's own as its redis-py kind."""
+def as_redis_error(error: Exception, where: str | None = None) -> Exception:
+    """*error* as redis-py raises it: the socket's own as its redis-py kind
+    (worded as redis-py words it, with the server *where* it was met)."""
     translated: Exception
     if isinstance(error, TimeoutError):
-        translated = rexc.TimeoutError(str(error))
+        translated = rexc.TimeoutError(
+            str(error) if where is None else f"Timeout reading from {where}"
+        )
     elif isinstance(error, OSError):
-        translated = rexc.ConnectionError(str(error) or type(error).__name__)
+        text = str(error) or type(error).__name__
+        translated = rexc.ConnectionError(
+            text if where is None else f"Error while talking to {where}: {text}"
+        )
     else:
         return error  # redis-py's own
     translated.__cause__ = error

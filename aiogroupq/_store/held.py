@@ -34,7 +34,7 @@ from redis.asyncio.connection import (
     UnixDomainSocketConnection,
 )
 
-from .connection import sees_every_try
+from .connection import as_redis_error, sees_every_try
 
 if TYPE_CHECKING:
     from redis.typing import EncodableT
@@ -187,13 +187,8 @@ class HeldConnection:
             # still holds belongs to no later call.
             await self._drop()
             # Raised as redis-py raises them, for the retry policy.
-            where = connection._host_error()
-            if isinstance(exc, TimeoutError):
-                raise rexc.TimeoutError(f"Timeout reading from {where}") from exc
-            if isinstance(exc, OSError):
-                raise rexc.ConnectionError(
-                    f"Error while talking to {where}: {exc}"
-                ) from exc
+            if isinstance(exc, Exception):
+                raise as_redis_error(exc, connection._host_error()) from exc
             raise
         if isinstance(reply, rexc.ResponseError):
             raise reply
