@@ -33,14 +33,38 @@ async def _one(client: redis.asyncio.Redis, task: _scripts.NewTask) -> list[str]
 
 
 _TIME_FIELDS = (b"dt", b"xp")
+_DAY_MS = 86_400_000
 
 
-def _normalized(state: dict[str, Any], now: int) -> dict[str, Any]:
-    """*state* with the server's times made relative to *now* (the two runs
-    happen at different times) and rounded to whole seconds."""
+@dataclasses.dataclass(frozen=True)
+class _Offset:
+    """A time the script wrote, as its offset from the script's clock: the
+    script ran at some moment between *start* and *end*, so the offset lies
+    in [low, high]. Two runs agree when their ranges meet; rounding to a
+    unit instead fails whenever a run straddles the unit's edge."""
 
-    def rel(value: bytes | float) -> int:
-        return round((float(value) - now) / 1000)
+    low: int
+    high: int
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, _Offset):
+            return NotImplemented
+        return self.low <= other.high and other.low <= self.high
+
+    def __hash__(self) -> int:  # ranges that meet need not be one value
+        return 0
+
+
+def _normalized(state: dict[str, Any], start: int, end: int) -> dict[str, Any]:
+    """*state* with the times the scripts took from their clock made offsets
+    from it (the two runs happen at different times). A time far from the
+    run is one the caller sent (an absolute expiry) and is kept as it is."""
+
+    def rel(value: bytes | float) -> _Offset | float:
+        ms = float(value)
+        if abs(ms - start) > _DAY_MS:
+            return ms
+        return _Offset(int(ms) - end, int(ms) - start + 1)
 
     out: dict[str, Any] = {}
     for key, value in state.items():
@@ -124,7 +148,7 @@ async def _run(
 ) -> tuple[list[str], dict[str, Any]]:
     await client.flushdb()
     await setup(client)
-    now = await server_ms(client)
+    start = await server_ms(client)
     outcomes = []
     for task in _TASKS:
         assert _scripts._plain(task), task
@@ -134,7 +158,8 @@ async def _run(
             # The reason without the server's wording (after the key's name).
             reason = re.sub(r"(aiogroupq \w+ \S+?):? .*", r"\1", str(exc))
             outcomes.append(f"{type(exc).__name__}: {reason}")
-    return outcomes, _normalized(await dump(client), now)
+    end = await server_ms(client)
+    return outcomes, _normalized(await dump(client), start, end)
 
 
 @pytest.mark.parametrize("setup", [s for _, s in _SCENES], ids=[n for n, _ in _SCENES])
