@@ -105,7 +105,8 @@ def lowest_pins(pyproject: Path = Path("pyproject.toml")) -> list[str]:
 def tests_lowest(session: nox.Session) -> None:
     """The test suite with the lowest allowed version of every dependency,
     so that the floors in pyproject.toml stay true, on the lowest Python of
-    the classifiers that this machine has."""
+    the classifiers that this machine has; every script call by EVALSHA,
+    not the functions library."""
     _say_if_not(session, PYTHONS[0], "lowest")
     session.install("-e", ".[test]", *lowest_pins())
     session.run(
@@ -114,7 +115,13 @@ def tests_lowest(session: nox.Session) -> None:
         "from importlib.metadata import version as v; "
         "print('lowest:', *(f'{p} {v(p)}' for p in ('redis', 'anyio', 'msgspec')))",
     )
-    session.run("pytest", *(session.posargs or ["-n", "auto", "-m", "not chaos"]))
+    # Every script call by EVALSHA here (tests/conftest.py): the way a
+    # cluster, an ACL without functions or a replica takes stays tested.
+    session.run(
+        "pytest",
+        *(session.posargs or ["-n", "auto", "-m", "not chaos"]),
+        env={"AIOGROUPQ_TEST_WAY": "scripts"},
+    )
 
 
 @nox.session(name="tests-highest", python=PYTHONS_HERE[-1])
@@ -187,7 +194,8 @@ def bench(session: nox.Session) -> None:
 @nox.session
 def chaos(session: nox.Session) -> None:
     """Kill -9 consumers, stall them, drop connections, restart and freeze
-    Redis, flush its scripts, all under load, and print the figures.
+    Redis, flush its functions and scripts, all under load, and print the
+    figures.
 
     Bounded by default (a few minutes); ``AIOGROUPQ_CHAOS_SCALE=full`` runs
     the full figures of docs/guarantees.md.

@@ -32,6 +32,7 @@ import redis.asyncio
 
 import aiogroupq
 from aiogroupq._store import scripts as _scripts
+from aiogroupq._store.lua import library
 from benchmarks._runner import server_info, throwaway_server
 
 QUEUE = "slowest"
@@ -146,6 +147,8 @@ async def measure(
         if name in ("EVALSHA", "EVAL") and len(words) > 1:
             sha = words[1] if name == "EVALSHA" else ""
             name = f"{names.get(sha, 'script')}.lua"
+        elif name == "FCALL" and len(words) > 1:  # <library>_<script>
+            name = f"{words[1].removeprefix(library().name + '_')}.lua"
         slow[name].append(entry["duration"] / 1000)
     return slow, seconds
 

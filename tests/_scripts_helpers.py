@@ -12,13 +12,13 @@ is a precondition, never a measured duration.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import redis.asyncio
 
 from aiogroupq._check import check as _fsck
-from aiogroupq._store import scripts as _scripts
+from aiogroupq._store import functions as _functions, scripts as _scripts
 from aiogroupq._store.keys import QueueKeys
 
 from ._tasks import envelope_of
@@ -203,10 +203,13 @@ async def server_ms(client: redis.asyncio.Redis) -> int:
     return int(seconds) * 1000 + int(micros) // 1000
 
 
-async def dump(client: redis.asyncio.Redis) -> dict[str, Any]:
-    """Every key of the database with its value, to prove "nothing changed"."""
+async def dump(client: redis.asyncio.Redis, pattern: str = "*") -> dict[str, Any]:
+    """Every key of the database (matching *pattern*) with its value, to
+    prove "nothing changed": values as read, not ``DUMP``'s bytes, which
+    give a hash table's entries in its own order, one that a server's
+    rehashing may change with no write."""
     out: dict[str, Any] = {}
-    for raw in sorted(await client.keys("*")):
+    for raw in sorted(await client.keys(pattern)):
         key = decoded(raw)
         kind = decoded(await client.type(raw))
         if kind == "string":
@@ -239,6 +242,21 @@ async def fall_due(client: redis.asyncio.Redis, member: str) -> None:
     assert await client.zadd(KEYS.delayed, {member: 0}, xx=True, ch=True) == 1
 
 
+#: empties the cache of the way a test's calls take (conftest's ``flush``)
+Flush = Callable[[redis.asyncio.Redis], Awaitable[None]]
+
+#: the commands that run a script: EVALSHA or EVAL, or FCALL (the library)
+SCRIPT_CALLS = ("evalsha", "eval", "fcall")
+
+
+async def script_calls(client: redis.asyncio.Redis) -> int:
+    """Script calls the server has run so far, by either way."""
+    stats: dict[str, Any] = await client.info("commandstats")
+    return sum(
+        int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in SCRIPT_CALLS
+    )
+
+
 class Recorder:
     """Stands in for a client to capture the exact EVALSHA arguments a wrapper
     builds, so malformed variants can be made without hard-coding the layout."""
@@ -246,6 +264,7 @@ class Recorder:
     def __init__(self, reply: Any) -> None:
         self.reply = reply
         self.args: tuple[Any, ...] = ()
+        _functions.settle(self, fcall=False)  # EVALSHA: what it records
 
     async def evalsha(self, sha: str, numkeys: int, *args: Any) -> Any:
         self.args = (numkeys, *args)

@@ -28,7 +28,7 @@ import redis.asyncio
 from redis.asyncio.cluster import RedisCluster
 
 import aiogroupq
-from aiogroupq._store import connection as _connection
+from aiogroupq._store import connection as _connection, functions as _functions
 from aiogroupq._store.connection import safe_url
 from aiogroupq.testing._cluster_server import ClusterProcess
 from aiogroupq.testing._server import (
@@ -44,6 +44,7 @@ from ._spawn import Proc, Spawn
 
 if TYPE_CHECKING:
     from ._roles import Both
+    from ._scripts_helpers import Flush
 
 pytest_plugins = ["aiogroupq.testing.pytest_plugin"]
 
@@ -99,6 +100,49 @@ def redis_url(aiogroupq_redis_url: str) -> str:
 def redis_client(aiogroupq_redis: redis.asyncio.Redis) -> redis.asyncio.Redis:
     """A client on a freshly flushed database."""
     return aiogroupq_redis
+
+
+#: ``scripts``: every test's script calls take EVALSHA (``nox -s tests-lowest``
+#: runs so), the way of a cluster client, of an ACL user without ``FCALL``
+#: or ``FUNCTION LOAD``, of a replica; unset, clients take the library
+WAY_ENV = "AIOGROUPQ_TEST_WAY"
+
+
+@pytest.fixture(autouse=True)
+def _way(request: pytest.FixtureRequest) -> None:
+    if os.environ.get(WAY_ENV) == "scripts" and "library" not in request.keywords:
+        request.getfixturevalue("scripts_only")
+
+
+@pytest.fixture
+def scripts_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every client takes EVALSHA, not the functions library: for tests of
+    the scripts' own cache (``NOSCRIPT``, ``SCRIPT FLUSH``, which script a
+    call runs)."""
+
+    async def scripts(client: object, library: object) -> bool:
+        return False
+
+    monkeypatch.setattr(_functions, "way", scripts)
+
+
+@pytest.fixture(params=["library", "scripts"])
+def flush(request: pytest.FixtureRequest) -> Flush:
+    """Each way a script call takes, with the flush that empties its cache:
+    the functions library and ``FUNCTION FLUSH``; EVALSHA (every client
+    takes it, :func:`scripts_only`) and ``SCRIPT FLUSH``."""
+    if request.param == "scripts":
+        request.getfixturevalue("scripts_only")
+
+        async def scripts(client: redis.asyncio.Redis) -> None:
+            await client.script_flush()
+
+        return scripts
+
+    async def functions(client: redis.asyncio.Redis) -> None:
+        await client.function_flush()
+
+    return functions
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ list ("An ACL user per queue").
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -27,6 +28,8 @@ import aiogroupq
 from aiogroupq import TaskState
 from aiogroupq._store.keys import QueueKeys
 
+from ._scripts_helpers import dump
+
 QUEUE = "acl"
 OTHER = "acl-other"
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,7 +42,9 @@ PATIENCE = 30.0
 # cost a warning, so the rule leaves them out.
 PYTHON_COMMANDS = {
     "ping": "ping",
-    "evalsha": "evalsha",
+    "fcall": "fcall",  # the functions library (_store/functions.py)
+    "function_load": "function|load",  # the library, where it is missing
+    "evalsha": "evalsha",  # where FCALL or FUNCTION LOAD is refused
     "script_load": "script|load",  # after NOSCRIPT (SCRIPT FLUSH, restart)
     "eval": "eval",  # the call itself after NOSCRIPT
     "zscore": "zscore",  # which of a claim's dead-lettered ids are dead (on_dead)
@@ -180,20 +185,71 @@ def _rule(queue: str) -> list[str]:
     ]
 
 
+@contextlib.asynccontextmanager
+async def _user(
+    redis_client: redis.asyncio.Redis, redis_url: str, rule: list[str]
+) -> AsyncIterator[str]:
+    """A URL logging in as a user with *rule*, the library and the scripts
+    flushed first: the user loads what it calls itself."""
+    user = f"aiogroupq-{QUEUE}-{os.getpid()}"
+    execute: Any = redis_client.execute_command
+    await execute("ACL", "SETUSER", user, *rule)
+    await redis_client.script_flush()
+    await redis_client.function_flush()
+    try:
+        yield redis_url.replace("redis://", f"redis://{user}:worker-pw@")
+    finally:
+        await redis_client.acl_deluser(user)
+
+
 @pytest.fixture
 async def worker_url(
     redis_client: redis.asyncio.Redis, redis_url: str
 ) -> AsyncIterator[str]:
     """A URL logging in as a user allowed exactly what a worker of QUEUE needs."""
-    user = f"aiogroupq-{QUEUE}-{os.getpid()}"
-    execute: Any = redis_client.execute_command
-    await execute("ACL", "SETUSER", user, *_rule(QUEUE))
-    # As admin: a restricted client must load the scripts itself.
-    await redis_client.script_flush()
-    try:
-        yield redis_url.replace("redis://", f"redis://{user}:worker-pw@")
-    finally:
-        await redis_client.acl_deluser(user)
+    async with _user(redis_client, redis_url, _rule(QUEUE)) as url:
+        yield url
+
+
+async def _fcalls(client: redis.asyncio.Redis) -> int:
+    stats: dict[str, Any] = await client.info("commandstats")
+    return int(stats.get("cmdstat_fcall", {}).get("calls", 0))
+
+
+@pytest.mark.library
+async def test_the_documented_rule_takes_the_library(
+    worker_url: str, redis_client: redis.asyncio.Redis
+) -> None:
+    before = await _fcalls(redis_client)
+    async with aiogroupq.Producer(worker_url, queue=QUEUE) as producer:
+        task_id = await producer.enqueue("plain", 1)
+        assert await producer.status(task_id) is TaskState.QUEUED
+    # The ping that found the library missing was refused no call: it ran.
+    assert await _fcalls(redis_client) - before >= 2
+
+
+async def test_a_rule_without_functions_takes_evalsha(
+    redis_client: redis.asyncio.Redis, redis_url: str
+) -> None:
+    # The rule of the versions before the library: its workers still work,
+    # by EVALSHA (the probe's FCALL is refused, and so never counted as run).
+    rule = [r for r in _rule(QUEUE) if r not in ("+fcall", "+function|load")]
+    assert len(rule) == len(_rule(QUEUE)) - 2
+    rows = Rows()
+    before = await _fcalls(redis_client)
+    async with (
+        _user(redis_client, redis_url, rule) as url,
+        aiogroupq.Producer(url, queue=QUEUE) as producer,
+        aiogroupq.Consumer(url, queue=QUEUE, handlers=handlers_of(rows)),
+    ):
+        ids = [await producer.enqueue("plain", n, group="g") for n in range(3)]
+        ids += await producer.enqueue_many([aiogroupq.Task("plain", 3)])
+        with anyio.fail_after(PATIENCE):
+            for task_id in ids:
+                while await producer.status(task_id) is not TaskState.SUCCEEDED:
+                    await anyio.sleep(0.01)
+    assert sorted(rows.ran) == [("plain", n) for n in range(4)]
+    assert await _fcalls(redis_client) == before
 
 
 class Rows:
@@ -503,11 +559,6 @@ def test_the_repair_asks_about_every_command_beyond_the_worker_rule() -> None:
     assert f"add the worker rule and `{wanted}`" in docs
 
 
-async def _dump(client: redis.asyncio.Redis, pattern: str) -> dict[object, object]:
-    """Every key matching *pattern*, serialized (``DUMP``)."""
-    return {key: await client.dump(key) for key in await client.keys(pattern)}
-
-
 async def test_a_repair_refused_a_command_writes_nothing_and_says_so(
     redis_client: redis.asyncio.Redis, redis_url: str
 ) -> None:
@@ -520,7 +571,7 @@ async def test_a_repair_refused_a_command_writes_nothing_and_says_so(
     q = await _damage.build(redis_client)
     await _damage.DAMAGES["lost-in-line"][0](q)
     pattern = _damage.KEYS.pattern()
-    before = await _dump(redis_client, pattern)
+    before = await dump(redis_client, pattern)
     user = f"aiogroupq-repair-{os.getpid()}"
     execute: Any = redis_client.execute_command
     rule = _rule(_damage.QUEUE)
@@ -534,5 +585,5 @@ async def test_a_repair_refused_a_command_writes_nothing_and_says_so(
         await redis_client.acl_deluser(user)
     print(caught.value)  # noqa: T201
     assert "linsert" in str(caught.value)
-    assert await _dump(redis_client, pattern) == before  # nothing written
+    assert await dump(redis_client, pattern) == before  # nothing written
     assert await aiogroupq.repair_queue(redis_client, _damage.QUEUE)  # as admin

@@ -26,20 +26,13 @@ from aiogroupq._store.keys import QueueKeys
 from aiogroupq._store.replies import GroupFullRefusal
 from aiogroupq._store.scripts import NewTask
 
+from ._scripts_helpers import script_calls
+
 QUEUE = "coalesce"
 
 
 def _text(x: bytes | str) -> str:
     return x.decode() if isinstance(x, bytes) else x
-
-
-async def _evalsha_calls(client: redis.asyncio.Redis) -> int:
-    stats: dict[str, Any] = await client.info("commandstats")
-    return sum(
-        int(value["calls"])
-        for name, value in stats.items()
-        if name in ("cmdstat_evalsha", "cmdstat_eval")
-    )
 
 
 async def _all(calls: Sequence[Any]) -> list[Any]:
@@ -62,9 +55,9 @@ async def test_concurrent_enqueues_share_script_calls(
 ) -> None:
     async with Producer(redis_client, queue=QUEUE) as p:
         await p.enqueue("warm")
-        before = await _evalsha_calls(redis_client)
+        before = await script_calls(redis_client)
         ids = await _all([p.enqueue("t", i) for i in range(200)])
-        calls = await _evalsha_calls(redis_client) - before
+        calls = await script_calls(redis_client) - before
     print(f"\n200 concurrent enqueue() calls: {calls} script calls")  # noqa: T201
     assert len(set(ids)) == 200
     assert all(isinstance(i, str) for i in ids)
@@ -79,10 +72,10 @@ async def test_sequential_enqueues_go_one_by_one(
 ) -> None:
     async with Producer(redis_client, queue=QUEUE) as p:
         await p.enqueue("warm")  # its script cached: one call each from here
-        before = await _evalsha_calls(redis_client)
+        before = await script_calls(redis_client)
         for i in range(20):
             await p.enqueue("t", i)
-        assert await _evalsha_calls(redis_client) - before == 20
+        assert await script_calls(redis_client) - before == 20
 
 
 async def test_group_keeps_the_order_of_the_calls(

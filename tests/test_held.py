@@ -191,6 +191,7 @@ async def test_sequential_enqueues_share_one_connection(
     assert await _enqueued(redis_client) == 50
 
 
+@pytest.mark.usefixtures("scripts_only")
 async def test_a_script_flush_is_met_with_one_eval_then_evalsha_again(
     redis_url: str, redis_client: redis.asyncio.Redis
 ) -> None:

@@ -19,10 +19,13 @@ import redis.exceptions
 import aiogroupq
 from aiogroupq._store import scripts as _scripts
 from aiogroupq._store.keys import QueueKeys
-from aiogroupq._store.lua import FIXED_KEYS, FOREIGN_KEYS, Script
+from aiogroupq._store.lua import FIXED_KEYS, FOREIGN_KEYS, Script, library
+
+from ._scripts_helpers import dump
 
 QA, QB = QueueKeys("qa"), QueueKeys("qb")
 LONG_MS = 600_000
+_WAYS = ("EVALSHA", "FCALL")
 
 
 @dataclass
@@ -44,9 +47,9 @@ def _recording(monkeypatch: pytest.MonkeyPatch) -> list[Call]:
         calls.append(Call(self, keys.prefix, self.all_keys(keys, extra), list(args)))
         return await real_call(self, client, keys, extra, args)
 
-    def command(self: Script, keys: Any, extra: Any, args: Any) -> Any:
+    def command(self: Script, keys: Any, extra: Any, args: Any, **how: Any) -> Any:
         calls.append(Call(self, keys.prefix, self.all_keys(keys, extra), list(args)))
-        return real_command(self, keys, extra, args)
+        return real_command(self, keys, extra, args, **how)
 
     monkeypatch.setattr(Script, "__call__", call)
     monkeypatch.setattr(Script, "command", command)
@@ -93,12 +96,9 @@ async def _every_script(client: redis.asyncio.Redis) -> None:
     await aiogroupq.repair_queue(client, "qb")
 
 
-async def _snapshot(client: redis.asyncio.Redis) -> dict[bytes | str, Any]:
-    """Every key of the database with its type and value."""
-    out: dict[bytes | str, Any] = {}
-    for key in await client.keys("*"):
-        out[key] = (await client.type(key), await client.dump(key))
-    return out
+async def _serialized(client: redis.asyncio.Redis) -> dict[bytes | str, Any]:
+    """Every key of the database, serialized (``DUMP``): to put it back."""
+    return {key: await client.dump(key) for key in await client.keys("*")}
 
 
 def _foreign(keys: list[str]) -> list[str]:
@@ -133,32 +133,38 @@ async def test_every_script_refuses_keys_of_another_queue_than_its_prefix(
     )
     for s in _scripts.ALL_SCRIPTS:
         await redis_client.script_load(s.source)
+    await redis_client.function_load(library().source.decode(), replace=True)
     refused, wrote = [], []
     for name, c in sorted(first.items()):
-        before = await _snapshot(redis_client)
+        before, saved = await dump(redis_client), await _serialized(redis_client)
         keys = mix(c.keys)
         if keys == c.keys:
-            refused.append(name)  # a single key: nothing after the first
+            # a single key: nothing after the first
+            refused += [f"{name} by {way}" for way in _WAYS]
             continue
-        try:
-            await redis_client.evalsha(
-                c.script.sha, len(keys), *keys, c.prefix, *c.args
-            )
-        except redis.exceptions.ResponseError as exc:
-            if str(exc).startswith(FOREIGN_KEYS):
-                refused.append(name)
-        after = await _snapshot(redis_client)
-        if after != before:
+        # Both ways: the script, and its function in the library.
+        execute: Any = redis_client.execute_command
+        commands = (
+            ["EVALSHA", c.script.sha, len(keys), *keys, c.prefix, *c.args],
+            library().fcall(c.script.name, keys, (c.prefix, *c.args)),
+        )
+        for way, command in zip(_WAYS, commands, strict=True):
+            try:
+                await execute(*command)
+            except redis.exceptions.ResponseError as exc:
+                if str(exc).startswith(FOREIGN_KEYS):
+                    refused.append(f"{name} by {way}")
+        if await dump(redis_client) != before:
             wrote.append(name)
             await redis_client.flushdb()  # the next script starts clean again
-            for key, (_, dumped) in before.items():
+            for key, dumped in saved.items():
                 await redis_client.restore(key, 0, dumped)
     print(  # noqa: T201
         f"of {len(first)} scripts called with qa's KEYS and qb's prefix: "
         f"{len(refused)} refused, {len(wrote)} wrote ({', '.join(wrote) or 'none'})"
     )
     assert wrote == []
-    assert refused == sorted(first)
+    assert refused == [f"{name} by {way}" for name in sorted(first) for way in _WAYS]
 
 
 async def test_through_a_script_the_refusal_is_a_configuration_error(

@@ -19,6 +19,10 @@ from aiogroupq._store.replies import FinishCode
 
 from ._settle import until_idle
 
+# The scripts' cache: every client takes EVALSHA (test_functions.py has the
+# library's flush).
+pytestmark = pytest.mark.usefixtures("scripts_only")
+
 QUEUE = "noscript"
 KEYS = QueueKeys(QUEUE)
 

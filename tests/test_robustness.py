@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import anyio
 import pytest
 import redis.asyncio
@@ -9,6 +11,9 @@ import redis.asyncio
 import aiogroupq
 from aiogroupq import TaskState
 from aiogroupq.testing._server import free_port
+
+if TYPE_CHECKING:
+    from ._scripts_helpers import Flush
 
 QUEUE = "robust"
 
@@ -108,7 +113,9 @@ async def test_unreachable_server_is_a_typed_error_not_a_hang() -> None:
             await producer.enqueue("h", 1)
 
 
-async def test_script_flush_while_consuming(redis_client: redis.asyncio.Redis) -> None:
+async def test_a_flush_while_consuming(
+    redis_client: redis.asyncio.Redis, flush: Flush
+) -> None:
     seen: list[int] = []
 
     async def h(n: int) -> None:
@@ -121,7 +128,7 @@ async def test_script_flush_while_consuming(redis_client: redis.asyncio.Redis) -
         for n in range(50):
             await producer.enqueue("h", n, group=f"g{n % 5}")
             if n % 10 == 0:
-                await redis_client.script_flush()
+                await flush(redis_client)
         with anyio.fail_after(30):
             while len(seen) < 50:
                 await anyio.sleep(0.01)

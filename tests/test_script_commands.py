@@ -31,7 +31,7 @@ from ._scripts_helpers import (
 )
 
 #: commands a script's own bookkeeping runs besides the ones counted
-_SCRIPTS = ("evalsha", "eval", "script|load", "info")
+_SCRIPTS = ("evalsha", "eval", "script|load", "fcall", "function|load", "info")
 
 
 async def _commands(client: redis.asyncio.Redis) -> int:

@@ -5,29 +5,23 @@ not at all."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import pytest
 import redis.asyncio
 
 import aiogroupq
 
-from ._scripts_helpers import KEYS, control, enqueue, new, set_group
-
-
-async def _dump(client: redis.asyncio.Redis) -> dict[Any, Any]:
-    names: list[Any] = await client.keys("*")
-    return {k: await client.dump(k) for k in sorted(names)}
+from ._scripts_helpers import KEYS, control, dump, enqueue, new, set_group
 
 
 async def _refused_and_nothing_written(
     client: redis.asyncio.Redis, call: Callable[[], Awaitable[int]], key: str
 ) -> None:
-    before = await _dump(client)
+    before = await dump(client)
     with pytest.raises(aiogroupq.CorruptQueueError) as caught:
         await call()
     assert key in str(caught.value)
-    assert await _dump(client) == before
+    assert await dump(client) == before
 
 
 async def _queue_with_group_settings(client: redis.asyncio.Redis) -> None:

@@ -205,6 +205,7 @@ async def _ran(client: redis.asyncio.Redis) -> tuple[bool, bool]:
 @pytest.mark.parametrize(
     "task", [t for _, t in _NOT_PLAIN], ids=[n for n, _ in _NOT_PLAIN]
 )
+@pytest.mark.usefixtures("scripts_only")  # which script ran: the cache tells
 async def test_anything_but_a_lone_plain_task_runs_the_full_script(
     redis_client: redis.asyncio.Redis, task: _scripts.NewTask
 ) -> None:
@@ -214,6 +215,7 @@ async def test_anything_but_a_lone_plain_task_runs_the_full_script(
     assert await _ran(redis_client) == (False, True)
 
 
+@pytest.mark.usefixtures("scripts_only")  # which script ran: the cache tells
 async def test_a_lone_plain_enqueue_runs_the_light_script(
     redis_url: str, redis_client: redis.asyncio.Redis
 ) -> None:

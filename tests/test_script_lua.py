@@ -20,6 +20,7 @@ from ._scripts_helpers import (
     KEYS,
     LONG_MS,
     WINDOW_MS,
+    Flush,
     Recorder,
     assert_consistent,
     claim,
@@ -97,59 +98,54 @@ async def test_a_call_sends_the_declared_keys_then_its_own() -> None:
     assert recorder.args[:3] == (1, KEYS.task("t1"), KEYS.prefix)
 
 
-# -- NOSCRIPT ------------------------------------------------------------------
+# -- a flushed cache: NOSCRIPT, or the library gone ------------------------------
 
 
-async def test_every_wrapper_reloads_after_script_flush(
-    redis_client: redis.asyncio.Redis,
+async def test_every_wrapper_reloads_after_a_flush(
+    redis_client: redis.asyncio.Redis, flush: Flush
 ) -> None:
-    async def flush() -> None:
-        await redis_client.script_flush()
-        shas = [s.sha for s in _scripts.ALL_SCRIPTS]
-        assert not any(await redis_client.script_exists(*shas))
-
-    await flush()
+    await flush(redis_client)
     assert await enqueue(redis_client, new("a", "g"), new("b", "g")) == ["a", "b"]
-    await flush()
+    await flush(redis_client)
     a = await claim_one(redis_client)
-    await flush()
+    await flush(redis_client)
     assert await _scripts.heartbeat(
         redis_client, KEYS, [(a.id, a.token)], lease_ms=LONG_MS
     ) == [1]
-    await flush()
+    await flush(redis_client)
     assert await finish(redis_client, ok(a)) == [FinishCode.APPLIED]
     # The other scripts' wrappers go through the same reload-and-retry.
     await enqueue(redis_client, new("c"))
-    await flush()
+    await flush(redis_client)
     assert (
         await _scripts.cancel(redis_client, KEYS, "c", retention_ms=WINDOW_MS)
         == CancelCode.CANCELLED
     )
     b = await claim_one(redis_client, "w2")
     assert b.id == "b"
-    await flush()
+    await flush(redis_client)
     assert await _scripts.recover(redis_client, KEYS, "w2", counted=False) == (1, ())
     b = await claim_one(redis_client, "w2")
     await finish(redis_client, _scripts.Outcome("b", b.token, "dead", "why"))
-    await flush()
+    await flush(redis_client)
     assert await _scripts.dead_action(redis_client, KEYS, "requeue", ["b"]) == 1
-    await flush()
+    await flush(redis_client)
     assert await control(redis_client, "pause", "g") == 0
-    await flush()
+    await flush(redis_client)
     assert await _scripts.wait_done(redis_client, KEYS, "b", 0, 1) == (
         "queued",
         None,
         "",
     )
-    await flush()
+    await flush(redis_client)
     assert await _scripts.identity(redis_client, KEYS, "w", "take", "A", 1000) == ""
     await control(redis_client, "resume", "g")
     assert (await claim_one(redis_client)).id == "b"
     await assert_consistent(redis_client)
 
 
-async def test_claim_and_finish_survive_repeated_script_flushes(
-    redis_client: redis.asyncio.Redis,
+async def test_claim_and_finish_survive_repeated_flushes(
+    redis_client: redis.asyncio.Redis, flush: Flush
 ) -> None:
     # A flush before every call: each call reloads once and applies once, and
     # every task succeeds exactly once.
@@ -159,9 +155,9 @@ async def test_claim_and_finish_survive_repeated_script_flushes(
     for _ in range(len(ids)):
         if len(done) == len(ids):
             break
-        await redis_client.script_flush()
+        await flush(redis_client)
         reply = await claim(redis_client, k=2)
-        await redis_client.script_flush()
+        await flush(redis_client)
         assert await finish(redis_client, *(ok(t) for t in reply.tasks)) == [1] * len(
             reply.tasks
         )

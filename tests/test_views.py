@@ -29,6 +29,7 @@ from aiogroupq._store.replies import FinishCode, HeartbeatCode
 
 if TYPE_CHECKING:
     from ._roles import Both
+    from ._scripts_helpers import Flush
 
 from ._clock import near
 
@@ -577,8 +578,8 @@ async def test_a_silent_consumer_is_shown_gone_then_pruned(
     assert [c.name for c in await admin.consumers()] == ["alive"]
 
 
-async def test_every_view_runs_after_a_script_flush(
-    redis_client: redis.asyncio.Redis, both: Both
+async def test_every_view_runs_after_a_flush(
+    redis_client: redis.asyncio.Redis, both: Both, flush: Flush
 ) -> None:
     producer, admin = both
     task_id = await producer.enqueue("t", group="g")
@@ -591,13 +592,14 @@ async def test_every_view_runs_after_a_script_flush(
         admin.consumers,
     ]
     for view in views:
-        await redis_client.script_flush()
+        await flush(redis_client)
         assert await view()
-    await redis_client.script_flush()
+    await flush(redis_client)
     await register(redis_client, "c1")  # the registry's heartbeat too
     assert (await admin.stats()).consumers_alive == 1
 
 
+@pytest.mark.usefixtures("scripts_only")  # a flush after each SCRIPT LOAD
 async def test_status_many_survives_script_flushes(
     redis_client: redis.asyncio.Redis, both: Both, monkeypatch: pytest.MonkeyPatch
 ) -> None:

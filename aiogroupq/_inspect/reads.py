@@ -15,10 +15,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 
+from .._store import functions as _functions
 from .._store.codec import unpack
 from .._store.fanout import each_partition
+from .._store.lua import library
 from .._store.replies import NOT_A_TASK, text as _text
 from .._store.schema import TOTALS
 from .._store.scripts import GROUP_INFO, STATS, STATUSES, TASK_INFO
@@ -555,19 +557,24 @@ async def _pipelined(
     calls: Sequence[tuple[Sequence[str], Sequence[EncodableT]]],
 ) -> list[Any]:
     """Run *script* once per (extra keys, arguments) call, all in one
-    pipeline of EVALSHA.
+    pipeline (of FCALL or EVALSHA, as :class:`Script` would send them).
 
-    A ``NOSCRIPT`` answer (a flushed cache) loads the script and sends the
-    pipeline again (the script only reads); if the cache is flushed again
-    in between, each call goes through :class:`Script`, which falls back
-    to EVAL.
+    A ``NOSCRIPT`` answer (a flushed cache) loads the script, a function
+    missing the library, and the pipeline is sent again (the script only
+    reads); if the cache is flushed again in between, each call goes
+    through :class:`Script`, which falls back to EVAL.
     """
     for _ in range(2):
+        fcall = await _functions.way(client, library())
         async with client.pipeline(transaction=False) as pipe:
             for extra_keys, args in calls:
                 # Not pipe.evalsha: a cluster pipeline refuses that method.
-                pipe.execute_command(*script.command(keys, extra_keys, args))
+                command = script.command(keys, extra_keys, args, fcall=fcall)
+                pipe.execute_command(*command)
             replies: list[Any] = await pipe.execute(raise_on_error=False)
+        failed = next((r for r in replies if isinstance(r, ResponseError)), None)
+        if fcall and await _functions.recover(client, failed, library(), script.name):
+            continue
         if not any(isinstance(r, NoScriptError) for r in replies):
             for reply in replies:
                 if isinstance(reply, Exception):

@@ -91,9 +91,12 @@ class HeldConnection:
     spent) closes it: the next call opens a new one.
     """
 
-    __slots__ = ("_connection", "_owed", "_timeout")
+    __slots__ = ("_connection", "_owed", "_timeout", "client")
 
     def __init__(self, client: Redis) -> None:
+        #: the client it is made from: where the script calls' way is known
+        #: (``_store/functions.py``) and asked
+        self.client = client
         pool = client.connection_pool
         self._connection: Any = pool.connection_class(**pool.connection_kwargs)
         timeout = pool.connection_kwargs.get("socket_timeout")

@@ -1,5 +1,7 @@
-"""A Lua script of ``_lua/`` as a :class:`Script`, run with EVALSHA (the
-scripts themselves are in ``_store/scripts.py``).
+"""A Lua script of ``_lua/`` as a :class:`Script`, run as its function in
+the package's functions library (``FCALL``, see ``_store/functions.py``)
+where the client takes it, else with EVALSHA (the scripts themselves are in
+``_store/scripts.py``).
 
 Each ``_lua/<name>.lua`` names the helpers it uses with ``--- @include "x"``
 lines, resolved here from ``_lua/lib/x.lua`` (each helper once, after the
@@ -44,6 +46,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import AskError, NoScriptError, ResponseError, TryAgainError
 
 from ..errors import AiogroupqError, ConfigurationError
+from . import functions as _functions
 from .connection import REDIS_FAILURES, cluster_glitches
 from .held import pack
 from .replies import public_error
@@ -154,13 +157,13 @@ def _check_keys(name: str, declared: Sequence[str], read: frozenset[str]) -> Non
 
 
 class Script:
-    """A ``_lua/<name>.lua`` file with its includes, run with EVALSHA.
+    """A ``_lua/<name>.lua`` file with its includes, run by FCALL or EVALSHA.
 
     *keys* are the queue's fixed keys it takes (of :data:`FIXED_KEYS`), in
     the order of its KEYS; a call's own keys follow them.
     """
 
-    __slots__ = ("key_names", "name", "sha", "source")
+    __slots__ = ("function", "key_names", "name", "sha", "source")
 
     def __init__(self, name: str, *, keys: Sequence[str]) -> None:
         self.name = name
@@ -178,8 +181,16 @@ class Script:
         _check_keys(name, self.key_names, read)
         # The bindings come first: every helper reads the locals they make.
         bound = _binding(self.key_names) + resolved
+        flags = re.search(r"flags=(\S+)", shebang)
+        #: what the functions library takes of it: its helpers are the library's
+        self.function = _functions.Script(
+            name,
+            tuple(flags.group(1).split(",")) if flags else (),
+            _binding(self.key_names) + _INCLUDE.sub("", rest),
+        )
         self.source = (shebang + "\n" + bound).encode()
         self.sha = hashlib.sha1(self.source).hexdigest()
+        _MADE[name] = self
 
     def all_keys(self, keys: QueueKeys, extra_keys: Sequence[str]) -> list[str]:
         """The KEYS of a call: the fixed keys declared, then *extra_keys*."""
@@ -190,9 +201,14 @@ class Script:
         keys: QueueKeys,
         extra_keys: Sequence[str],
         args: Sequence[EncodableT],
+        *,
+        fcall: bool = False,
     ) -> list[EncodableT]:
-        """The whole EVALSHA command of a call, for a pipeline."""
+        """The whole command of a call, for a pipeline: EVALSHA, or with
+        *fcall* the library's function (``_store/functions.py``)."""
         all_keys = self.all_keys(keys, extra_keys)
+        if fcall:
+            return library().fcall(self.name, all_keys, (keys.prefix, *args))
         return ["EVALSHA", self.sha, len(all_keys), *all_keys, keys.prefix, *args]
 
     async def __call__(
@@ -215,6 +231,9 @@ class Script:
         all_keys = self.all_keys(keys, extra_keys)
         argv = (keys.prefix, *args)
         try:
+            ran, reply = await self._by_function(client, all_keys, argv)
+            if ran:
+                return reply
             try:
                 return await client.evalsha(self.sha, len(all_keys), *all_keys, *argv)
             except NoScriptError:
@@ -232,6 +251,32 @@ class Script:
                 raise error from exc
             raise
 
+    async def _by_function(
+        self,
+        client: Client,
+        all_keys: list[str],
+        argv: tuple[EncodableT, ...],
+        held: HeldConnection | None = None,
+    ) -> tuple[bool, Any]:
+        """The call as the library's function (on *client*, or on its *held*
+        connection), where *client* takes FCALL: (True, its reply). (False,
+        None) where it takes EVALSHA, or where the function was missing and
+        did not run: the library is loaded again where allowed, and the
+        call goes by EVALSHA this once, which a flush between the load and
+        a retry cannot fail."""
+        lib = library()
+        if not await _functions.way(client, lib):
+            return False, None
+        command = lib.fcall(self.name, all_keys, argv)
+        try:
+            if held is None:
+                return True, await client.execute_command(*command)
+            return True, await held.call(pack(command))
+        except ResponseError as exc:
+            if not await _functions.recover(client, exc, lib, self.name):
+                raise
+        return False, None
+
     async def held(
         self,
         held: HeldConnection,
@@ -240,11 +285,16 @@ class Script:
         args: Sequence[EncodableT],
     ) -> Any:
         """Run the script on a producer's held connection (``held.py``), as
-        :meth:`__call__` runs it on a plain client: EVALSHA, and after
-        ``NOSCRIPT`` a load and EVAL with the whole source."""
+        :meth:`__call__` runs it on a plain client: FCALL where the library
+        answers; else EVALSHA, and after ``NOSCRIPT`` a load and EVAL with
+        the whole source."""
         all_keys = self.all_keys(keys, extra_keys)
-        tail = (len(all_keys), *all_keys, keys.prefix, *args)
+        argv = (keys.prefix, *args)
+        tail = (len(all_keys), *all_keys, *argv)
         try:
+            ran, reply = await self._by_function(held.client, all_keys, argv, held)
+            if ran:
+                return reply
             try:
                 return await held.call(pack(("EVALSHA", self.sha, *tail)))
             except NoScriptError:
@@ -282,14 +332,17 @@ class Script:
         included, with no round trip back to us in between. Return *first*'s
         reply (the exception, if it failed) and the script's.
 
-        After ``NOSCRIPT`` (not run) the script is sent again as
-        :meth:`__call__` sends it."""
+        After ``NOSCRIPT``, or a function missing (not run), the script is
+        sent again as :meth:`__call__` sends it."""
         assert not isinstance(client, RedisCluster)
+        fcall = await _functions.way(client, library())
         async with client.pipeline(transaction=False) as pipe:
             pipe.execute_command(*first)
-            pipe.execute_command(*self.command(keys, extra_keys, args))
+            pipe.execute_command(*self.command(keys, extra_keys, args, fcall=fcall))
             before, reply = await pipe.execute(raise_on_error=False)
-        if isinstance(reply, NoScriptError):
+        if isinstance(reply, NoScriptError) or (
+            fcall and await _functions.recover(client, reply, library(), self.name)
+        ):
             return before, await self._call(client, keys, extra_keys, args)
         if isinstance(reply, ResponseError) and (error := _error_of(reply)) is not None:
             raise error from reply
@@ -332,9 +385,10 @@ class Script:
         replicas: int,
         timeout_ms: int,
     ) -> tuple[Any, int]:
-        command = self.command(keys, extra_keys, args)
         reply: Any = None
         for _ in range(5):
+            fcall = await _functions.way(client, library())
+            command = self.command(keys, extra_keys, args, fcall=fcall)
             async with client.pipeline(transaction=False) as pipe:
                 pipe.execute_command(*command)
                 if isinstance(client, RedisCluster):
@@ -351,6 +405,8 @@ class Script:
             if isinstance(reply, NoScriptError):
                 await self.load(client, keys)
                 continue
+            if fcall and await _functions.recover(client, reply, library(), self.name):
+                continue
             if isinstance(client, RedisCluster) and isinstance(
                 reply, AskError | TryAgainError
             ):
@@ -366,6 +422,23 @@ class Script:
         if isinstance(acked, Exception):
             raise acked
         return reply, int(acked)
+
+
+#: every Script made, by name: the functions library's scripts
+_MADE: Final[dict[str, Script]] = {}
+
+
+@functools.cache
+def library() -> _functions.Library:
+    """Every :class:`Script` made (the catalogue in ``_store/scripts.py``)
+    as one functions library, with every helper of ``_lua/lib`` once."""
+    lib = files("aiogroupq").joinpath("_lua", "lib")
+    names = sorted(
+        p.name.removesuffix(".lua") for p in lib.iterdir() if p.name.endswith(".lua")
+    )
+    helpers = _resolve("\n".join(f'--- @include "{n}"' for n in names), set())
+    fixed = [f"K_{name.upper()}" for name in FIXED_KEYS]
+    return _functions.make(helpers, fixed, [s.function for s in _MADE.values()])
 
 
 def _node(client: RedisCluster, keys: QueueKeys) -> Any:

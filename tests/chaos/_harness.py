@@ -5,7 +5,7 @@ A :class:`Cluster` is used as ``async with Cluster(...) as cluster``: it
 starts the server (with AOF when asked), the proxy (when asked) and the
 consumer processes; :meth:`Cluster.produce` enqueues a workload at a steady
 rate; the fault methods (:meth:`kill`, :meth:`stall`, :meth:`terminate`,
-:meth:`restart_redis`, :meth:`drop`, :meth:`flush_scripts`) inject one fault
+:meth:`restart_redis`, :meth:`drop`, :meth:`flush_caches`) inject one fault
 each and journal it; :meth:`Cluster.settle` waits until every task is
 terminal, stops the consumers gracefully and judges the journal
 (:func:`._oracle.judge`) and the queue's keys (``aiogroupq._check.check.examine``).
@@ -557,7 +557,10 @@ class Cluster:
             await anyio.sleep(seconds)
         await self.journal.mark("D", "-", how)
 
-    async def flush_scripts(self) -> None:
+    async def flush_caches(self) -> None:
+        # Both at once, the worst case: a call that finds the library gone
+        # is sent again by EVALSHA, and meets NOSCRIPT.
+        await self.client.function_flush()
         await self.client.script_flush()
         await self.journal.mark("FL")
 

@@ -26,7 +26,7 @@ Line format, space-separated (``-`` for "none")::
         ... pid name task_id seq group gseq attempt token
     fault marks (K kill -9, P SIGSTOP, Q SIGCONT, T SIGTERM, X exited,
                  RD redis down, RU redis up, D connections dropped,
-                 FL script flush, N consumer started):
+                 FL function and script flush, N consumer started):
         ... pid arg
 """
 

@@ -315,7 +315,7 @@ async def test_random_mixed_faults(tmp_path: Path, chaos_report: Report) -> None
     """Every fault above at random, one after another every U(0.3, 1.2) s:
     consumer kill -9 (same or new name), SIGSTOP, SIGTERM, connection resets,
     cut replies, partitions, Redis kill -9 and restart (AOF always), Redis
-    SIGSTOP, SCRIPT FLUSH."""
+    SIGSTOP, FUNCTION FLUSH with SCRIPT FLUSH."""
     scale = chaos_scale()
     async with Cluster(
         tmp_path, seed=chaos_seed(), appendonly=True, proxy=True, grace=1.0
@@ -349,7 +349,7 @@ async def test_random_mixed_faults(tmp_path: Path, chaos_report: Report) -> None
             elif kind == "freeze":
                 await c.freeze_redis(2 * c.lease_ttl)
             elif kind == "flush":
-                await c.flush_scripts()
+                await c.flush_caches()
 
         jobs = workload(scale.tasks, c.rng, long_fraction=0.05, long_ms=(300, 2000))
         await drive(
@@ -366,8 +366,8 @@ async def test_random_mixed_faults(tmp_path: Path, chaos_report: Report) -> None
     _assert_recovery(result)
 
 
-async def test_random_script_flushes(tmp_path: Path, chaos_report: Report) -> None:
-    """T5: SCRIPT FLUSH every U(0.1, 0.3) s under load."""
+async def test_random_flushes(tmp_path: Path, chaos_report: Report) -> None:
+    """T5: FUNCTION FLUSH and SCRIPT FLUSH every U(0.1, 0.3) s under load."""
     scale = chaos_scale()
     async with Cluster(tmp_path, seed=chaos_seed()) as c:
         jobs = workload(scale.tasks, c.rng)
@@ -375,11 +375,11 @@ async def test_random_script_flushes(tmp_path: Path, chaos_report: Report) -> No
             c,
             jobs,
             scale.flushes * 0.2,
-            c.flush_scripts,
+            c.flush_caches,
             times=scale.flushes,
             interval=(0.1, 0.3),
         )
-        result = await c.settle("SCRIPT FLUSH")
+        result = await c.settle("FUNCTION FLUSH + SCRIPT FLUSH")
     chaos_report(result)
     result.assert_clean()
     assert result.verdict.reruns.total() == 0  # a flush costs a reload, no re-run

@@ -32,11 +32,19 @@
     cl when it was last claimed (server ms; grouped tasks: a pause of its
     group waits on it)
 
+  State a call keeps at the top level of a lib (the prefix, the clock,
+  the settings read, counters) is declared after a "--- @per-call" line:
+  the functions library (_store/functions.py) defines the libs once and
+  sets those declarations afresh before each call, as a script's run
+  starts with them fresh. tests/test_functions.py refuses any other
+  top-level local that is not a constant it lists.
+
   Scripts never roll back (redis#10576), so each one reads what it will
   write before its first write: the fixed keys with preflight(), a task's
   or a group's keys with redis.pcall reads. A damaged key is answered with
   an error before anything is written, or harms only its own task or group.
 ]]
+--- @per-call
 local PREFIX = ARGV[1]
 local K_CONF = PREFIX .. 'conf'       -- HASH the queue's settings
 local K_STATS = PREFIX .. 'stats'     -- HASH counters (see bump)
@@ -63,6 +71,7 @@ local function k_done(id) return PREFIX .. 'done:' .. id end
 
 -- Server time in ms, read once per call; *up* rounds it up instead of down,
 -- for due times, so that "due" is never before enqueue time + delay.
+--- @per-call
 local NOW, NOW_UP
 local function now_ms(up)
   if not NOW then
@@ -133,6 +142,7 @@ end
 
 -- The queue's settings, read once per call (the conf hash is preflighted,
 -- or read by read_conf, which checks its type in the same read).
+--- @per-call
 local CONF
 local function parse_conf(f)
   CONF = {
@@ -189,6 +199,7 @@ local function incr(key, field, n)
 end
 
 -- Counters of the stats hash, added up during the call.
+--- @per-call
 local COUNTS
 local function bump(field, n)
   COUNTS = COUNTS or {}

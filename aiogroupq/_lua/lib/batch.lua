@@ -30,6 +30,7 @@
 
 -- Members lined by recoveries so far in this call: a claim charges them to
 -- its recovery budget (claim.lua).
+--- @per-call
 local MOVED = 0
 
 -- The task type of an i field ("<enqueue ms> <payload size> <type>").

@@ -34,6 +34,7 @@ local function level_of(id)
   return tonumber(p) or 0
 end
 
+--- @per-call
 local SEQ
 local function seq_next()
   if not SEQ then

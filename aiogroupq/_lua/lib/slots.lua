@@ -27,8 +27,9 @@
 ]]
 --- @include "base"
 
-local GROUPS = {}
 local MAX_WEIGHT = 100
+--- @per-call
+local GROUPS = {}
 
 -- A stored weight, if it is one Admin could have written (the check reports
 -- any other, which counts as unset).
@@ -90,6 +91,7 @@ end
 -- hash until flush, which deletes it with the others (one HDEL), or not at
 -- all when the whole hash goes (an emptied group: most ends of a task in a
 -- group of its own). Such a script reads marks only through mark().
+--- @per-call
 local DEFER_DROPS = false
 
 -- Counters are written once per call; an empty group's hash goes away.
