@@ -165,8 +165,10 @@ async def test_corrupt_envelope_is_dead_lettered_and_the_consumer_goes_on(
         async with consumer(redis_client) as running:
             assert await wait_for(producer, after) == TaskState.SUCCEEDED
             assert await wait_for(producer, bad) == TaskState.DEAD
-            assert running.stats.dead == 1
-            assert running.stats.succeeded == 1
+        # Once stopped: the stats count a finish when its reply is back,
+        # after the state another connection may already read.
+        assert running.stats.dead == 1
+        assert running.stats.succeeded == 1
     letters = {letter.id: letter for letter in await dead_letters(redis_client)}
     reason = letters[bad].reason
     assert reason.startswith(prefix), reason
@@ -220,7 +222,7 @@ async def test_many_corrupt_tasks_at_once_leave_the_consumer_running(
         # Still claiming: a task enqueued now runs.
         late = await producer.enqueue("h", 99, group="g0")
         assert await wait_for(producer, late) == TaskState.SUCCEEDED
-        assert running.stats.dead == len(bad)
+    assert running.stats.dead == len(bad)  # once stopped, as above
     letters = {letter.id: letter for letter in await dead_letters(redis_client)}
     for task_id, prefix in bad.items():
         assert letters[task_id].reason.startswith(prefix)
