@@ -139,8 +139,11 @@ async def test_stalled_consumer_loses_lease_and_its_ack_is_refused(
     async with aiogroupq.Consumer(
         redis_client, queue=QUEUE, handlers={"h": stall}, lease_ttl=2.0
     ) as stalled:
+        # Past the stall: it blocks this loop too, and a second consumer
+        # starting beside it would count the stall against its start-up
+        # checks' budget (5 s, as long as the stall).
         with anyio.fail_after(30):
-            while stalled.stats.claimed == 0:
+            while "stall-1" not in runs:
                 await anyio.sleep(0.01)
         async with aiogroupq.Consumer(
             redis_client, queue=QUEUE, handlers={"h": stall}, lease_ttl=2.0
