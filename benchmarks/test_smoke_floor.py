@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,23 +16,11 @@ import pytest
 
 from benchmarks import floor
 from benchmarks._report import floor_table
-
-ROOT = Path(__file__).resolve().parent.parent
+from benchmarks._smoke import run_module
 
 
 def _run(*argv: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", *argv],
-        cwd=ROOT,
-        check=False,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        timeout=100,
-    )
-    text = done.stdout.decode(errors="replace")
-    assert done.returncode == 0, text[-4000:]
-    print(text)
-    return text
+    return run_module(*argv, timeout=100)
 
 
 def _rows(text: str, first_header: str) -> list[list[str]]:
