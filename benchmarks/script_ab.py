@@ -131,8 +131,8 @@ def _script(command: list[Any]) -> str | None:
 def measure(
     url: str, checkouts: list[Path], rounds: int, n: int, lone: int
 ) -> dict[tuple[str, str, int], float]:
-    """µs of script time per task, by variant, script and checkout (its
-    place in *checkouts*)."""
+    """µs of script time per task of a round (its N and its lone tasks
+    together), by variant, script and checkout (its place in *checkouts*)."""
     from benchmarks.peers._harness import Resp
 
     resp = Resp(url)
@@ -147,6 +147,9 @@ def measure(
                 order.reverse()
             for variant in VARIANTS:
                 for place, checkout in order:
+                    # Each child on an empty keyspace (the libraries stay):
+                    # the ended tasks of the ones before do not weigh on it.
+                    resp.call("FLUSHALL")
                     resp.call("SLOWLOG", "RESET")
                     env = {**os.environ, "PYTHONPATH": str(checkout)}
                     child = [sys.executable, __file__, "--child", url, variant, str(n)]
