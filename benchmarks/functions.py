@@ -28,64 +28,12 @@ import redis.asyncio
 
 from aiogroupq._store import functions as _functions, scripts as _scripts
 from aiogroupq._store.keys import QueueKeys
-from aiogroupq._store.replies import FinishCode
 from benchmarks._report import table, us
 from benchmarks.peers._harness import Resp, ServerSnapshot, server_cost
+from benchmarks.script_ab import IN_FLIGHT, claim_all, finish_all, new_task
 
 WAYS = ("evalsha", "fcall")
 STAGES = ("enqueue_many", "claim", "finish", "enqueue", "idle_pickup")
-
-
-_ENVELOPE = b"\x98" + b"x" * 40  # about a no-op task's envelope
-_IN_FLIGHT = 100
-
-
-def _task(i: int, grouped: bool) -> _scripts.NewTask:
-    return _scripts.NewTask(
-        id=f"{i:x}",
-        group=f"g{i}" if grouped else None,
-        envelope=_ENVELOPE,
-        delay_ms=0,
-        max_attempts=3,
-        dedup_key=None,
-        identity="1764000000000 41 noop",
-    )
-
-
-async def _claim_all(client: Any, keys: QueueKeys, n: int, k: int) -> list[Any]:
-    claimed: list[Any] = []
-    while len(claimed) < n:
-        calls = max(1, min(_IN_FLIGHT // k, -(-(n - len(claimed)) // k)))
-        replies = await asyncio.gather(
-            *(
-                _scripts.claim(
-                    client, keys, "c1", k=k, lease_ms=30_000, scan_limit=k + 64
-                )
-                for _ in range(calls)
-            )
-        )
-        got = [t for r in replies for t in r.tasks]
-        if not got:
-            raise RuntimeError(f"{n - len(claimed)} tasks never became claimable")
-        claimed += got
-    return claimed
-
-
-async def _finish_all(
-    client: Any, keys: QueueKeys, claimed: Sequence[Any], k: int
-) -> None:
-    outcomes = [_scripts.Outcome(t.id, t.token, "ok") for t in claimed]
-    chunks = [outcomes[i : i + k] for i in range(0, len(outcomes), k)]
-    step = max(1, _IN_FLIGHT // k)
-    for i in range(0, len(chunks), step):
-        codes = await asyncio.gather(
-            *(
-                _scripts.finish(client, keys, c, retention_ms=60_000)
-                for c in chunks[i : i + step]
-            )
-        )
-        if any(code is not FinishCode.APPLIED for cs in codes for code in cs):
-            raise RuntimeError(f"a finish was refused: {codes}")
 
 
 async def _round(
@@ -101,10 +49,10 @@ async def _round(
     try:
         resp.call("FLUSHDB")
         # Every script once before the snapshots: loading is not a task's cost.
-        warm = [_task(i, grouped) for i in range(-2, 0)]
+        warm = [new_task(i, grouped) for i in range(-2, 0)]
         await _scripts.enqueue(client, keys, warm[:1], dedup_window_ms=60_000)
         await _scripts.enqueue(client, keys, warm[1:], dedup_window_ms=60_000)
-        await _finish_all(client, keys, await _claim_all(client, keys, 2, 20), 10)
+        await finish_all(client, keys, await claim_all(client, keys, 2, 20), 10)
         resp.call("FLUSHDB")
 
         async def stage(name: str, tasks: int, work: Any) -> Any:
@@ -113,7 +61,7 @@ async def _round(
             costs[name] = server_cost(before, ServerSnapshot.take(resp), tasks)
             return out
 
-        tasks = [_task(i, grouped) for i in range(n)]
+        tasks = [new_task(i, grouped) for i in range(n)]
         batches = [
             stage_enq
             for i in range(0, n, 1000)
@@ -124,12 +72,12 @@ async def _round(
             ]
         ]
         await stage("enqueue_many", n, _sequence(batches))
-        claimed = await stage("claim", n, _claim_all(client, keys, n, 20))
-        await stage("finish", n, _finish_all(client, keys, claimed, 10))
+        claimed = await stage("claim", n, claim_all(client, keys, n, 20))
+        await stage("finish", n, finish_all(client, keys, claimed, 10))
         if sorted(t.id for t in claimed) != sorted(t.id for t in tasks):
             raise RuntimeError("the drain did not return every task once")
 
-        singles = [_task(n + i, grouped) for i in range(lone)]
+        singles = [new_task(n + i, grouped) for i in range(lone)]
         await stage(
             "enqueue",
             lone,
@@ -140,14 +88,14 @@ async def _round(
                 ]
             ),
         )
-        await _finish_all(client, keys, await _claim_all(client, keys, lone, 20), 10)
+        await finish_all(client, keys, await claim_all(client, keys, lone, 20), 10)
 
         async def pickups() -> None:
             for i in range(lone):
-                task = _task(n + lone + i, grouped)
+                task = new_task(n + lone + i, grouped)
                 await _scripts.enqueue(client, keys, [task], dedup_window_ms=60_000)
-                got = await _claim_all(client, keys, 1, 1)
-                await _finish_all(client, keys, got, 1)
+                got = await claim_all(client, keys, 1, 1)
+                await finish_all(client, keys, got, 1)
 
         await stage("idle_pickup", lone, pickups())
         return costs
@@ -237,7 +185,7 @@ def main(argv: list[str] | None = None) -> None:
         figures = measure(url, args.tasks, args.lone, args.rounds)
     print(
         f"{info['server']} {info['server_version']}, {pinned}; N = {args.tasks:,} "
-        f"(enqueue by 1,000, claim by 20, finish by 10, {_IN_FLIGHT} in flight), "
+        f"(enqueue by 1,000, claim by 20, finish by 10, {IN_FLIGHT} in flight), "
         f"{args.lone:,} lone enqueues and idle pickups; medians of {args.rounds} "
         "alternating rounds.\n"
     )

@@ -32,20 +32,79 @@ import contextlib
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 _ENVELOPE = b"\x98" + b"x" * 40  # about a no-op task's envelope
-_IN_FLIGHT = 100
+#: tasks in flight at once, as a consumer with concurrency 100 keeps them
+IN_FLIGHT = 100
 VARIANTS = ("ungrouped", "own groups")
 
 
-async def _child(url: str, grouped: bool, n: int, lone: int, first: int) -> None:
-    """One round's work, through this interpreter's ``aiogroupq``.
+# A task's life as the package's own script calls make it, shared with
+# ``benchmarks.functions``. They import nothing but ``aiogroupq``, and that
+# only when called: a child runs them with another checkout first on the
+# path, whose ``benchmarks`` may be older than this one's or absent.
 
-    Self-contained (its task as ``benchmarks.functions`` makes one): it runs
-    with another checkout first on the path, whose ``benchmarks`` may be
-    older than this one's or absent."""
+
+def new_task(i: int, grouped: bool) -> Any:
+    """Task *i*: a no-op task's envelope, in a group of its own or none."""
+    from aiogroupq._store import scripts
+
+    return scripts.NewTask(
+        id=f"{i:x}",
+        group=f"g{i}" if grouped else None,
+        envelope=_ENVELOPE,
+        delay_ms=0,
+        max_attempts=3,
+        dedup_key=None,
+        identity="1764000000000 41 noop",
+    )
+
+
+async def claim_all(client: Any, keys: Any, n: int, k: int) -> list[Any]:
+    """Claim *n* tasks by *k*, about 100 in flight."""
+    from aiogroupq._store import scripts
+
+    claimed: list[Any] = []
+    while len(claimed) < n:
+        calls = max(1, min(IN_FLIGHT // k, -(-(n - len(claimed)) // k)))
+        replies = await asyncio.gather(
+            *(
+                scripts.claim(
+                    client, keys, "c1", k=k, lease_ms=30_000, scan_limit=k + 64
+                )
+                for _ in range(calls)
+            )
+        )
+        got = [t for r in replies for t in r.tasks]
+        if not got:
+            raise RuntimeError(f"{n - len(claimed)} tasks never became claimable")
+        claimed += got
+    return claimed
+
+
+async def finish_all(client: Any, keys: Any, claimed: Sequence[Any], k: int) -> None:
+    """Finish *claimed* as succeeded by *k*, about 100 in flight."""
+    from aiogroupq._store import scripts
+
+    outcomes = [scripts.Outcome(t.id, t.token, "ok") for t in claimed]
+    chunks = [outcomes[i : i + k] for i in range(0, len(outcomes), k)]
+    step = max(1, IN_FLIGHT // k)
+    for i in range(0, len(chunks), step):
+        codes = await asyncio.gather(
+            *(
+                scripts.finish(client, keys, c, retention_ms=60_000)
+                for c in chunks[i : i + step]
+            )
+        )
+        if any(code.name != "APPLIED" for cs in codes for code in cs):
+            raise RuntimeError(f"a finish was refused: {codes}")
+
+
+async def _child(url: str, grouped: bool, n: int, lone: int, first: int) -> None:
+    """One round's work, through this interpreter's ``aiogroupq``."""
     import redis.asyncio
 
     from aiogroupq._store import scripts
@@ -53,66 +112,17 @@ async def _child(url: str, grouped: bool, n: int, lone: int, first: int) -> None
 
     client = redis.asyncio.Redis.from_url(url)
     keys = QueueKeys("script_ab")
-
-    def task(i: int) -> Any:
-        return scripts.NewTask(
-            id=f"{first + i:x}",
-            group=f"g{first + i}" if grouped else None,
-            envelope=_ENVELOPE,
-            delay_ms=0,
-            max_attempts=3,
-            dedup_key=None,
-            identity="1764000000000 41 noop",
-        )
-
-    async def drain(count: int, claim: int, finish: int) -> None:
-        claimed: list[Any] = []
-        while len(claimed) < count:
-            calls = max(
-                1, min(_IN_FLIGHT // claim, -(-(count - len(claimed)) // claim))
-            )
-            replies = await asyncio.gather(
-                *(
-                    scripts.claim(
-                        client,
-                        keys,
-                        "ab",
-                        k=claim,
-                        lease_ms=60_000,
-                        scan_limit=claim + 64,
-                    )
-                    for _ in range(calls)
-                )
-            )
-            got = [t for reply in replies for t in reply.tasks]
-            if not got:
-                raise RuntimeError(
-                    f"{count - len(claimed)} tasks never became claimable"
-                )
-            claimed += got
-        outcomes = [scripts.Outcome(t.id, t.token, "ok") for t in claimed]
-        chunks = [outcomes[i : i + finish] for i in range(0, len(outcomes), finish)]
-        step = max(1, _IN_FLIGHT // finish)
-        for i in range(0, len(chunks), step):
-            for codes in await asyncio.gather(
-                *(
-                    scripts.finish(client, keys, c, retention_ms=60_000)
-                    for c in chunks[i : i + step]
-                )
-            ):
-                if any(code.name != "APPLIED" for code in codes):
-                    raise RuntimeError(f"a finish was refused: {codes}")
-
     try:
-        tasks = [task(i) for i in range(n)]
+        tasks = [new_task(first + i, grouped) for i in range(n)]
         for i in range(0, n, 1000):
             await scripts.enqueue(
                 client, keys, tasks[i : i + 1000], dedup_window_ms=60_000
             )
-        await drain(n, 20, 10)
+        await finish_all(client, keys, await claim_all(client, keys, n, 20), 10)
         for i in range(lone):
-            await scripts.enqueue(client, keys, [task(n + i)], dedup_window_ms=60_000)
-            await drain(1, 1, 1)
+            task = new_task(first + n + i, grouped)
+            await scripts.enqueue(client, keys, [task], dedup_window_ms=60_000)
+            await finish_all(client, keys, await claim_all(client, keys, 1, 1), 1)
     finally:
         await client.aclose()
 
